@@ -1,0 +1,113 @@
+"""Prefix block hashing shared by the router and the workers.
+
+A prompt's token ids are cut into blocks of ``block_size`` tokens and each FULL block gets a
+chained 64-bit hash::
+
+    h_0 = xxh3_64(le_u64(salt)   || le_u32(tokens of block 0))
+    h_i = xxh3_64(le_u64(h_{i-1}) || le_u32(tokens of block i))
+
+so ``h_i`` identifies the whole prefix ``tokens[: (i + 1) * block_size]``, not just block ``i``.
+Two prompts share their first ``k`` hashes iff they share their first ``k`` full blocks. The
+partial tail (``len(tokens) % block_size`` tokens) is never hashed: an engine cannot reuse a
+partially filled block across requests either, and hashing it would make every prompt's last
+hash unique noise in the index.
+
+Hash function: XXH3-64 (``xxhash.xxh3_64_intdigest``, seed 0). It is the fastest xxHash
+variant for short inputs (a block is 8 + 4 * block_size bytes), and 64 bits keep the expected
+number of collisions negligible for the ~1e9 distinct prefixes a fleet might ever see.
+The bytes are fixed (little-endian, unsigned), so every process, platform and language gets the
+same values; ``tests/cache_service/test_hashing.py`` pins golden vectors. Never change the
+layout without changing those vectors AND the Redis namespace, or routers and workers drift.
+
+Block size: ``DEFAULT_BLOCK_SIZE = 64``.
+  * Index size: a 32k-token prompt is 512 hashes at 64 (2048 at 16). Each hash is one Redis
+    key plus one reverse-set member per replica holding it, and one key in the single lookup
+    script. 64 keeps a lookup of the longest prompts to ~hundreds of keys and the Redis memory
+    to ~4x less than engine-granular (16) hashing.
+  * Precision: routing only needs to rank replicas; losing up to 63 tokens of a shared prefix
+    (under 1 ms of prefill on a GPU, a few ms on CPU) does not change which replica is best.
+    Chat prompts share system prompts / earlier turns that are hundreds to thousands of tokens.
+  * Engines: vLLM's KV blocks are 16 tokens (64 is a multiple, so a routed block boundary is
+    always an engine block boundary); mlx-lm's prompt cache is token-granular; Mooncake traces
+    use 512, which is too coarse for short chat turns (a 400-token system prompt would never
+    match).
+Workers compute hashes with this same function and block size (not the engine's own hashes).
+"""
+
+from __future__ import annotations
+
+import array
+import struct
+import sys
+from collections.abc import Sequence
+
+import numpy as np
+import xxhash
+
+__all__ = ["DEFAULT_BLOCK_SIZE", "HASH_MASK", "block_hashes", "model_salt"]
+
+DEFAULT_BLOCK_SIZE: int = 64
+HASH_MASK: int = (1 << 64) - 1
+
+_U64 = struct.Struct("<Q")
+_U32_MAX = (1 << 32) - 1
+_SALT_DOMAIN = b"kvroute/model-salt/v1\x00"
+
+
+def model_salt(model_identity: str) -> int:
+    """64-bit salt for a model/tokenizer identity (e.g. "org/model@revision").
+
+    Salting the chain keeps identical token ids of different tokenizers/models apart.
+    """
+    return xxhash.xxh3_64_intdigest(_SALT_DOMAIN + model_identity.encode("utf-8"))
+
+
+def _pack_tokens(token_ids: Sequence[int], n_tokens: int) -> bytes:
+    """First ``n_tokens`` token ids as little-endian uint32 bytes (validated, no silent wrap)."""
+    if isinstance(token_ids, np.ndarray):
+        arr = token_ids[:n_tokens]
+        if arr.dtype != np.dtype("<u4"):
+            if arr.size and (int(arr.min()) < 0 or int(arr.max()) > _U32_MAX):
+                raise ValueError("token ids must be in [0, 2**32)")
+            arr = arr.astype("<u4")
+        return arr.tobytes()
+    try:
+        packed = array.array("I", token_ids[:n_tokens])
+    except OverflowError as exc:
+        raise ValueError("token ids must be in [0, 2**32)") from exc
+    if packed.itemsize != 4:  # pragma: no cover - exotic platforms
+        return np.asarray(packed, dtype="<u4").tobytes()
+    if sys.byteorder == "big":  # pragma: no cover
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def block_hashes(
+    token_ids: Sequence[int],
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    salt: int = 0,
+    parent: int | None = None,
+) -> list[int]:
+    """Chained hashes of the full blocks of ``token_ids`` (ints in [0, 2**64)).
+
+    ``parent`` continues an existing chain: ``block_hashes(a + b)`` equals
+    ``block_hashes(a) + block_hashes(b, parent=block_hashes(a)[-1])`` when ``len(a)`` is a
+    multiple of ``block_size``. When ``parent`` is given, ``salt`` is ignored (it is already
+    folded into the parent).
+    """
+    if block_size <= 0:
+        raise ValueError("block_size must be positive")
+    n_blocks = len(token_ids) // block_size
+    if n_blocks == 0:
+        return []
+    prev = (salt if parent is None else parent) & HASH_MASK
+    data = memoryview(_pack_tokens(token_ids, n_blocks * block_size))
+    step = 4 * block_size
+    digest = xxhash.xxh3_64_intdigest
+    pack = _U64.pack
+    out: list[int] = []
+    append = out.append
+    for start in range(0, n_blocks * step, step):
+        prev = digest(pack(prev) + data[start : start + step])
+        append(prev)
+    return out

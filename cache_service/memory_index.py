@@ -1,0 +1,237 @@
+"""Embedded, single-process prefix index (also the local fallback of ``ResilientIndex``).
+
+Data layout (all plain dicts; no awaits inside methods, so every call is atomic on the loop):
+
+* ``_blocks``: ``OrderedDict[(model, hash)] -> {replica: expiry}`` in least-recently-written
+  order. Lookup walks a model's chain with one dict probe per block and stops at the first
+  block no candidate holds, so it costs O(matched blocks x replicas), never O(index).
+* ``_by_replica``: ``(model, replica) -> set(hash)`` reverse index for O(own entries) purges,
+  plus ``_rep_expiry``: the max expiry of the replica's entries (it "holds entries" until then).
+* ``_heartbeats`` / ``_tombstones``: ``model -> {replica: time}`` for liveness (see ``index``).
+
+Memory is bounded: entries carry an expiry (expired ones are invisible at once and deleted
+lazily when a lookup or write touches them, plus a small sweep of the LRU head on each write),
+and ``settings.memory_max_entries`` caps the (block, replica) entries: the least recently
+written blocks are dropped first. ``stats().blocks`` counts entries not yet deleted (it may
+include expired ones awaiting the lazy sweep).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+from .events import AllBlocksCleared, BlockRemoved, BlockStored, CacheEvent
+from .index import IndexSettings, IndexStats, MatchInfo
+
+__all__ = ["MemoryPrefixIndex"]
+
+_SWEEP_PER_WRITE = 16  # LRU-head keys examined per write for expired entries
+
+BlockKey = tuple[str, int]
+RepKey = tuple[str, str]
+
+
+class MemoryPrefixIndex:
+    """In-process ``PrefixIndex``. ``clock`` is injectable for tests (seconds, monotonic)."""
+
+    def __init__(
+        self,
+        settings: IndexSettings = IndexSettings(),  # noqa: B008 - frozen, immutable default
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self._clock = clock
+        self._blocks: OrderedDict[BlockKey, dict[str, float]] = OrderedDict()
+        self._by_replica: dict[RepKey, set[int]] = {}
+        self._rep_expiry: dict[RepKey, float] = {}
+        self._entries = 0
+        self._heartbeats: dict[str, dict[str, float]] = {}
+        self._tombstones: dict[str, dict[str, float]] = {}
+
+    # ---- liveness -------------------------------------------------------------------------
+
+    def _is_dead(self, model: str, replica: str, now: float) -> bool:
+        tomb = self._tombstones.get(model, {}).get(replica)
+        if tomb is not None and now - tomb < self.settings.tombstone_ttl_s:
+            return True
+        beat = self._heartbeats.get(model, {}).get(replica)
+        return beat is not None and now - beat > self.settings.liveness_ttl_s
+
+    def _is_tombstoned(self, model: str, replica: str, now: float) -> bool:
+        tomb = self._tombstones.get(model, {}).get(replica)
+        return tomb is not None and now - tomb < self.settings.tombstone_ttl_s
+
+    # ---- entry bookkeeping ----------------------------------------------------------------
+
+    def _drop_entry(self, key: BlockKey, holders: dict[str, float], replica: str) -> None:
+        """Delete one (block, replica) entry; the caller removes ``key`` if holders empties."""
+        del holders[replica]
+        self._entries -= 1
+        rk = (key[0], replica)
+        own = self._by_replica.get(rk)
+        if own is not None:
+            own.discard(key[1])
+            if not own:
+                del self._by_replica[rk]
+                self._rep_expiry.pop(rk, None)
+
+    def _drop_expired(self, key: BlockKey, holders: dict[str, float], now: float) -> None:
+        for replica in [r for r, exp in holders.items() if exp <= now]:
+            self._drop_entry(key, holders, replica)
+        if not holders:
+            self._blocks.pop(key, None)
+
+    def _write(self, model: str, replica: str, hashes: Iterable[int], ttl: float) -> None:
+        now = self._clock()
+        if self._is_tombstoned(model, replica, now):
+            return  # late write for a removed replica must not resurrect it
+        expiry = now + ttl
+        rk = (model, replica)
+        own = self._by_replica.setdefault(rk, set())
+        blocks = self._blocks
+        for h in hashes:
+            key = (model, h)
+            holders = blocks.get(key)
+            if holders is None:
+                holders = blocks[key] = {}
+            else:
+                blocks.move_to_end(key)
+            old = holders.get(replica)
+            if old is None:
+                self._entries += 1
+                own.add(h)
+                holders[replica] = expiry
+            elif old < expiry:
+                holders[replica] = expiry
+        if not own:
+            del self._by_replica[rk]
+            return
+        self._rep_expiry[rk] = max(self._rep_expiry.get(rk, 0.0), expiry)
+        self._sweep(now)
+
+    def _sweep(self, now: float) -> None:
+        """Drop expired entries at the LRU head, then evict LRU blocks beyond the cap."""
+        for _ in range(_SWEEP_PER_WRITE):
+            if not self._blocks:
+                break
+            key, holders = next(iter(self._blocks.items()))
+            self._drop_expired(key, holders, now)
+            if key in self._blocks:
+                break  # head still has live entries: stop, it is the next LRU victim
+        cap = self.settings.memory_max_entries
+        while self._entries > cap and self._blocks:
+            key, holders = next(iter(self._blocks.items()))
+            for replica in list(holders):
+                self._drop_entry(key, holders, replica)
+            self._blocks.pop(key, None)
+
+    def _remove(self, model: str, replica: str, hashes: Iterable[int]) -> None:
+        for h in hashes:
+            key = (model, h)
+            holders = self._blocks.get(key)
+            if holders is not None and replica in holders:
+                self._drop_entry(key, holders, replica)
+                if not holders:
+                    del self._blocks[key]
+
+    def _purge(self, model: str, replica: str) -> None:
+        own = self._by_replica.get((model, replica))
+        if own:
+            self._remove(model, replica, list(own))
+        self._by_replica.pop((model, replica), None)
+        self._rep_expiry.pop((model, replica), None)
+
+    # ---- PrefixIndex ----------------------------------------------------------------------
+
+    async def lookup(self, hashes_by_model: Mapping[str, Sequence[int]]) -> MatchInfo:
+        now = self._clock()
+        return {m: self._match(m, hashes, now) for m, hashes in hashes_by_model.items()}
+
+    def _match(self, model: str, hashes: Sequence[int], now: float) -> dict[str, int]:
+        result: dict[str, int] = {}
+        candidates: set[str] | None = None
+        dead: dict[str, bool] = {}
+        for i, h in enumerate(hashes):
+            key = (model, h)
+            holders = self._blocks.get(key)
+            if not holders:
+                break
+            survivors: set[str] = set()
+            stale = False
+            for replica, expiry in holders.items():
+                if expiry <= now:
+                    stale = True
+                elif candidates is None or replica in candidates:
+                    is_dead = dead.get(replica)
+                    if is_dead is None:
+                        is_dead = dead[replica] = self._is_dead(model, replica, now)
+                    if not is_dead:
+                        survivors.add(replica)
+            if stale:
+                self._drop_expired(key, holders, now)
+            if not survivors:
+                break
+            for replica in survivors:
+                result[replica] = i + 1
+            candidates = survivors
+        return result
+
+    async def record_routed(self, model: str, replica: str, hashes: Sequence[int]) -> None:
+        self._write(model, replica, hashes, self.settings.routed_ttl_s)
+
+    async def apply_events(self, events: Sequence[CacheEvent]) -> None:
+        for ev in events:
+            if isinstance(ev, BlockStored):
+                self._write(ev.model, ev.replica, ev.hashes, self.settings.stored_ttl_s)
+            elif isinstance(ev, BlockRemoved):
+                self._remove(ev.model, ev.replica, ev.hashes)
+            elif isinstance(ev, AllBlocksCleared):
+                self._purge(ev.model, ev.replica)
+            else:
+                raise TypeError(f"not a cache event: {ev!r}")
+
+    async def heartbeat(self, model: str, replica: str) -> None:
+        self._heartbeats.setdefault(model, {})[replica] = self._clock()
+        self._tombstones.get(model, {}).pop(replica, None)
+
+    def _known_replicas(self, model: str, now: float) -> set[str]:
+        known = set(self._heartbeats.get(model, {}))
+        known.update(r for (m, r), exp in self._rep_expiry.items() if m == model and exp > now)
+        return {r for r in known if not self._is_dead(model, r, now)}
+
+    async def live_replicas(self, model: str) -> set[str]:
+        return self._known_replicas(model, self._clock())
+
+    async def remove_replica(self, model: str, replica: str) -> None:
+        self._tombstones.setdefault(model, {})[replica] = self._clock()
+        self._heartbeats.get(model, {}).pop(replica, None)
+        self._purge(model, replica)
+
+    async def purge_dead(self) -> int:
+        now = self._clock()
+        live_ttl, tomb_ttl = self.settings.liveness_ttl_s, self.settings.tombstone_ttl_s
+        expired = [
+            (m, r)
+            for m, beats in self._heartbeats.items()
+            for r, t in beats.items()
+            if now - t > live_ttl
+        ]
+        for model, replica in expired:
+            await self.remove_replica(model, replica)
+        for model, tombs in list(self._tombstones.items()):
+            for replica in [r for r, t in tombs.items() if now - t >= tomb_ttl]:
+                del tombs[replica]
+            if not tombs:
+                del self._tombstones[model]
+        return len(expired)
+
+    async def stats(self) -> IndexStats:
+        now = self._clock()
+        models = set(self._heartbeats) | {m for m, _ in self._by_replica}
+        replicas = sum(len(self._known_replicas(m, now)) for m in models)
+        return IndexStats(blocks=self._entries, replicas=replicas, backend="memory")
+
+    async def close(self) -> None:
+        return None

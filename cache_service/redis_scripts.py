@@ -1,0 +1,242 @@
+"""Lua scripts of ``RedisPrefixIndex`` (Redis >= 7.0; no HEXPIRE needed).
+
+Times are Redis server milliseconds (``TIME``), so all routers share one clock. Block hashes
+travel as one binary blob per op (8 bytes big-endian each) and are HASH fields as such; they
+are never touched arithmetically (Lua numbers are doubles). Expiry values are decimal ms
+strings, compared as strings when their lengths match (always, from 2001 to 2286) and
+numerically otherwise. ``unpack`` only sees slices of <= ``CHUNK`` values (Lua's C stack
+allows ~8000).
+
+The per-replica holdings keys (``{ns}:r:<tag>:<replica>``) are built inside the scripts from
+replica names found in the declared ``{ns}:p:<tag>`` keys. They share the ``{ns}`` hash tag,
+hence the declared keys' cluster slot, which Redis Cluster accepts for undeclared keys.
+"""
+
+from __future__ import annotations
+
+_COMMON = """
+local _t = redis.call('TIME')
+local now = tonumber(_t[1]) * 1000 + math.floor(tonumber(_t[2]) / 1000)
+local CHUNK = 1000
+local function ms(x) return string.format('%.0f', x) end
+local now_s = ms(now)
+-- stored expiry string s is still in the future
+local function alive_exp(s)
+  if #s == #now_s then return s > now_s end
+  return tonumber(s) > now
+end
+local function split(blob)
+  local hs = {}
+  for i = 1, #blob / 8 do hs[i] = string.sub(blob, 8 * i - 7, 8 * i) end
+  return hs
+end
+"""
+
+# Replica -> score maps of a model's heartbeat and tombstone sets (one call each).
+_LIVENESS_MAPS = """
+local function score_map(key)
+  local flat, map = redis.call('ZRANGE', key, 0, -1, 'WITHSCORES'), {}
+  for j = 1, #flat, 2 do map[flat[j]] = tonumber(flat[j + 1]) end
+  return map
+end
+local function is_live(beats, tombs, r, live_ms, tomb_ms)
+  local tomb = tombs[r]
+  if tomb and tomb >= now - tomb_ms then return false end
+  local beat = beats[r]
+  return (not beat) or beat >= now - live_ms
+end
+"""
+
+# Longest run of leading hashes hs[1..n] held (unexpired) in holdings HASH ``rev``: HMGET in
+# growing chunks (4, 16, 64, ...), stopping at the first missing or expired block.
+_LONGEST = """
+local function longest(rev, hs, n)
+  local pos, size = 0, 4
+  while pos < n do
+    local last = math.min(pos + size, n)
+    local vals = redis.call('HMGET', rev, unpack(hs, pos + 1, last))
+    for j = 1, last - pos do
+      local v = vals[j]
+      if (not v) or not alive_exp(v) then return pos + j - 1 end
+    end
+    pos, size = last, math.min(size * 4, CHUNK)
+  end
+  return n
+end
+"""
+
+# KEYS: per model: hb, dead, reps.   ARGV: live_ms, tomb_ms, then per model:
+# holdings-key prefix, hash blob. Returns per model: count, then (replica, matched) pairs.
+LOOKUP = (
+    _COMMON
+    + _LIVENESS_MAPS
+    + _LONGEST
+    + """
+local live_ms, tomb_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
+local out = {}
+for m = 1, #KEYS / 3 do
+  local hb, dead, reps = KEYS[3 * m - 2], KEYS[3 * m - 1], KEYS[3 * m]
+  local rprefix, blob = ARGV[1 + 2 * m], ARGV[2 + 2 * m]
+  local found = {}
+  if #blob >= 8 then
+    local holders = redis.call('ZRANGEBYSCORE', reps, '(' .. now_s, '+inf')
+    if #holders > 0 then
+      local hs, beats, tombs = split(blob), score_map(hb), score_map(dead)
+      for _, r in ipairs(holders) do
+        if is_live(beats, tombs, r, live_ms, tomb_ms) then
+          local c = longest(rprefix .. r, hs, #hs)
+          if c > 0 then
+            found[#found + 1] = r
+            found[#found + 1] = c
+          end
+        end
+      end
+    end
+  end
+  out[#out + 1] = #found / 2
+  for _, v in ipairs(found) do out[#out + 1] = v end
+end
+return out
+"""
+)
+
+# Incremental sweep of expired fields: HSCAN ``budget`` entries from a cursor kept in ``curs``.
+_SWEEP = """
+local function sweep(rev, curs, r, budget)
+  local res = redis.call('HSCAN', rev, redis.call('HGET', curs, r) or '0', 'COUNT', budget)
+  local flat, stale = res[2], {}
+  for j = 1, #flat, 2 do
+    if not alive_exp(flat[j + 1]) then stale[#stale + 1] = flat[j] end
+  end
+  for s = 1, #stale, CHUNK do
+    redis.call('HDEL', rev, unpack(stale, s, math.min(s + CHUNK - 1, #stale)))
+  end
+  if res[1] == '0' then redis.call('HDEL', curs, r) else redis.call('HSET', curs, r, res[1]) end
+end
+local function store(rev, hs, exp)
+  local exp_s = ms(exp)
+  for s = 1, #hs, CHUNK do
+    local last = math.min(s + CHUNK - 1, #hs)
+    local cur, args = redis.call('HMGET', rev, unpack(hs, s, last)), {}
+    for j = s, last do
+      local v = cur[j - s + 1]
+      if (not v) or tonumber(v) < exp then  -- expiry only grows
+        args[#args + 1] = hs[j]
+        args[#args + 1] = exp_s
+      end
+    end
+    if #args > 0 then redis.call('HSET', rev, unpack(args)) end
+  end
+end
+"""
+
+# KEYS[1] = models hash; per op: dead, holdings (rev), reps, cursors.
+# ARGV: backstop_ms (= max ttl = tombstone ttl), then per op:
+#   kind ('S' store/route | 'D' remove | 'C' clear), tag, model, replica, ttl_ms, hash blob.
+WRITE = (
+    _COMMON
+    + _SWEEP
+    + """
+local backstop = tonumber(ARGV[1])
+for op = 1, (#KEYS - 1) / 4 do
+  local dead, rev, reps, curs = KEYS[4 * op - 2], KEYS[4 * op - 1], KEYS[4 * op], KEYS[4 * op + 1]
+  local a = 6 * op - 4
+  local kind, tag, model, r = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
+  local ttl, hs = tonumber(ARGV[a + 4]), split(ARGV[a + 5])
+  local tomb = redis.call('ZSCORE', dead, r)
+  if tomb and tonumber(tomb) >= now - backstop then
+    -- removed replica: drop late writes so they cannot resurrect it
+  elseif kind == 'S' and #hs > 0 then
+    local exp = now + ttl
+    store(rev, hs, exp)
+    sweep(rev, curs, r, 2 * #hs + 64)  -- sweeps faster than it inserts: garbage <= live
+    redis.call('PEXPIRE', rev, backstop)
+    redis.call('ZADD', reps, 'GT', exp, r)
+    redis.call('ZREMRANGEBYSCORE', reps, '-inf', now)
+    for _, k in ipairs({reps, curs}) do redis.call('PEXPIRE', k, backstop) end
+    redis.call('HSET', KEYS[1], tag, model)
+  elseif kind == 'D' and #hs > 0 then
+    for s = 1, #hs, CHUNK do
+      redis.call('HDEL', rev, unpack(hs, s, math.min(s + CHUNK - 1, #hs)))
+    end
+    if redis.call('EXISTS', rev) == 0 then
+      redis.call('ZREM', reps, r)
+      redis.call('HDEL', curs, r)
+    end
+  elseif kind == 'C' then
+    redis.call('UNLINK', rev)
+    redis.call('ZREM', reps, r)
+    redis.call('HDEL', curs, r)
+  end
+end
+return 1
+"""
+)
+
+# KEYS: models, hb, dead, reps, cursors, holdings   ARGV: op ('beat' | 'kill'), tag, model, r
+LIVENESS = (
+    _COMMON
+    + """
+local op, tag, model, r = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+if op == 'beat' then
+  redis.call('ZADD', KEYS[2], now, r)
+  redis.call('ZREM', KEYS[3], r)
+  redis.call('HSET', KEYS[1], tag, model)
+else
+  redis.call('ZREM', KEYS[2], r)
+  redis.call('ZADD', KEYS[3], now, r)
+  redis.call('ZREM', KEYS[4], r)
+  redis.call('HDEL', KEYS[5], r)
+  redis.call('UNLINK', KEYS[6])  -- freed in the background, O(1) here
+end
+return 1
+"""
+)
+
+# KEYS: per model hb, dead, reps, cursors   ARGV: live_ms, tomb_ms, per model holdings prefix.
+# Tombstones and purges replicas whose heartbeat expired; returns how many.
+PURGE_DEAD = (
+    _COMMON
+    + """
+local live_ms, tomb_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
+local count = 0
+for m = 1, #KEYS / 4 do
+  local hb, dead, reps, curs = KEYS[4 * m - 3], KEYS[4 * m - 2], KEYS[4 * m - 1], KEYS[4 * m]
+  for _, r in ipairs(redis.call('ZRANGEBYSCORE', hb, '-inf', '(' .. ms(now - live_ms))) do
+    redis.call('ZREM', hb, r)
+    redis.call('ZADD', dead, now, r)
+    redis.call('ZREM', reps, r)
+    redis.call('HDEL', curs, r)
+    redis.call('UNLINK', ARGV[2 + m] .. r)
+    count = count + 1
+  end
+  redis.call('ZREMRANGEBYSCORE', dead, '-inf', '(' .. ms(now - tomb_ms))
+end
+return count
+"""
+)
+
+# KEYS: hb, dead, reps   ARGV: live_ms, tomb_ms, holdings-key prefix
+# Returns live replicas, then '' and the number of entries (not yet swept) of all holders.
+LIVE_AND_COUNT = (
+    _COMMON
+    + _LIVENESS_MAPS
+    + """
+local live_ms, tomb_ms, rprefix = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
+local beats, tombs = score_map(KEYS[1]), score_map(KEYS[2])
+local seen, out, entries = {}, {}, 0
+local holders = redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. now_s, '+inf')
+for _, list in ipairs({redis.call('ZRANGEBYSCORE', KEYS[1], now - live_ms, '+inf'), holders}) do
+  for _, r in ipairs(list) do
+    if not seen[r] then
+      seen[r] = true
+      if is_live(beats, tombs, r, live_ms, tomb_ms) then out[#out + 1] = r end
+    end
+  end
+end
+for _, r in ipairs(holders) do entries = entries + redis.call('HLEN', rprefix .. r) end
+out[#out + 1] = ''
+out[#out + 1] = entries
+return out
+"""
+)

@@ -1,0 +1,164 @@
+"""A ``PrefixIndex`` that survives its primary (Redis) being slow or down.
+
+* Every write also goes to a local ``MemoryPrefixIndex`` (this router's approximate view: its
+  own routed writes plus whatever events/heartbeats reach this process).
+* Reads and writes use the primary while it is healthy. A primary failure or timeout calls
+  ``on_error(op)`` (the router increments ``kvroute_index_errors_total`` there), answers from
+  the fallback, and opens a circuit: the primary is skipped for ``backoff_s``; after that a
+  single probe call (others keep using the fallback meanwhile) decides whether it is back.
+  So a dead Redis costs at most one timeout per ``backoff_s``, never one per request.
+* Recovery is automatic: redis-py reconnects on the next command and reloads scripts on
+  NOSCRIPT after a Redis restart; new writes fill the (possibly empty) primary again.
+
+``lookup``, ``record_routed``, ``apply_events``, ``heartbeat`` and the maintenance calls never
+raise (bugs included: they are logged and counted); cancellation is propagated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TypeVar
+
+from .events import CacheEvent
+from .index import IndexStats, MatchInfo, PrefixIndex
+from .memory_index import MemoryPrefixIndex
+
+__all__ = ["ResilientIndex"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class ResilientIndex:
+    def __init__(
+        self,
+        primary: PrefixIndex,
+        fallback: MemoryPrefixIndex,
+        on_error: Callable[[str], None] | None = None,
+        backoff_s: float = 1.0,
+        op_timeout_s: float = 0.25,
+    ) -> None:
+        self.primary = primary
+        self.fallback = fallback
+        self._on_error = on_error
+        self._backoff_s = backoff_s
+        self._op_timeout_s = op_timeout_s  # hard cap on hot-path calls, on top of socket timeouts
+        self._healthy = True
+        self._probing = False
+        self._down_until = 0.0
+        self.errors: Counter[str] = Counter()
+
+    @property
+    def primary_healthy(self) -> bool:
+        """False while the circuit is open (answers come from the fallback)."""
+        return self._healthy
+
+    def _record_error(self, op: str, exc: BaseException) -> None:
+        self.errors[op] += 1
+        if self._healthy:
+            log.warning("prefix index primary failed in %s (%r); using local fallback", op, exc)
+        else:
+            log.debug("prefix index primary still failing in %s: %r", op, exc)
+        self._healthy = False
+        self._down_until = time.monotonic() + self._backoff_s
+        if self._on_error is not None:
+            try:
+                self._on_error(op)
+            except Exception:  # a metrics callback must never break routing
+                log.exception("on_error callback failed")
+
+    async def _primary(
+        self, op: str, call: Callable[[], Awaitable[T]], hot: bool = True
+    ) -> tuple[bool, T | None]:
+        """Run ``call`` on the primary unless the circuit is open; (ok, result)."""
+        probe = False
+        if not self._healthy:
+            if self._probing or time.monotonic() < self._down_until:
+                return False, None
+            self._probing = probe = True
+        try:
+            if hot:
+                async with asyncio.timeout(self._op_timeout_s):
+                    result = await call()
+            else:
+                result = await call()
+        except Exception as exc:
+            self._record_error(op, exc)
+            return False, None
+        finally:
+            if probe:
+                self._probing = False
+        if not self._healthy:
+            log.info("prefix index primary is back (%s)", op)
+            self._healthy = True
+        return True, result
+
+    async def _local(self, op: str, call: Callable[[], Awaitable[T]], default: T) -> T:
+        try:
+            return await call()
+        except Exception:
+            log.exception("local prefix index failed in %s", op)
+            return default
+
+    # ---- PrefixIndex ----------------------------------------------------------------------
+
+    async def lookup(self, hashes_by_model: Mapping[str, Sequence[int]]) -> MatchInfo:
+        ok, result = await self._primary("lookup", lambda: self.primary.lookup(hashes_by_model))
+        if ok and result is not None:
+            return result
+        return await self._local("lookup", lambda: self.fallback.lookup(hashes_by_model), {})
+
+    async def record_routed(self, model: str, replica: str, hashes: Sequence[int]) -> None:
+        await self._local(
+            "record_routed", lambda: self.fallback.record_routed(model, replica, hashes), None
+        )
+        await self._primary(
+            "record_routed", lambda: self.primary.record_routed(model, replica, hashes)
+        )
+
+    async def apply_events(self, events: Sequence[CacheEvent]) -> None:
+        await self._local("apply_events", lambda: self.fallback.apply_events(events), None)
+        await self._primary("apply_events", lambda: self.primary.apply_events(events))
+
+    async def heartbeat(self, model: str, replica: str) -> None:
+        await self._local("heartbeat", lambda: self.fallback.heartbeat(model, replica), None)
+        await self._primary("heartbeat", lambda: self.primary.heartbeat(model, replica))
+
+    async def live_replicas(self, model: str) -> set[str]:
+        ok, result = await self._primary(
+            "live_replicas", lambda: self.primary.live_replicas(model), hot=False
+        )
+        if ok and result is not None:
+            return result
+        return await self._local("live_replicas", lambda: self.fallback.live_replicas(model), set())
+
+    async def remove_replica(self, model: str, replica: str) -> None:
+        await self._local(
+            "remove_replica", lambda: self.fallback.remove_replica(model, replica), None
+        )
+        await self._primary(
+            "remove_replica", lambda: self.primary.remove_replica(model, replica), hot=False
+        )
+
+    async def purge_dead(self) -> int:
+        local = await self._local("purge_dead", self.fallback.purge_dead, 0)
+        ok, count = await self._primary("purge_dead", self.primary.purge_dead, hot=False)
+        return count if ok and count is not None else local
+
+    async def stats(self) -> IndexStats:
+        ok, st = await self._primary("stats", self.primary.stats, hot=False)
+        if ok and st is not None:
+            return IndexStats(st.blocks, st.replicas, f"resilient({st.backend})")
+        local = await self._local("stats", self.fallback.stats, IndexStats(0, 0, "memory"))
+        return IndexStats(local.blocks, local.replicas, "resilient(memory-fallback)")
+
+    async def close(self) -> None:
+        for index in (self.primary, self.fallback):
+            try:
+                await index.close()
+            except Exception:
+                log.warning("closing %s failed", type(index).__name__, exc_info=True)
