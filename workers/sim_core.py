@@ -1,0 +1,347 @@
+"""Core of the ``sim`` engine EMULATOR: a pure, clock-free state machine.
+
+It emulates an LLM engine for routing tests and benchmarks on CPUs (like NVIDIA
+Dynamo's mocker or llm-d's inference simulator); it runs no model. The model:
+
+* KV cache: ``kv_blocks`` (C) blocks keyed by chained block hashes. Blocks used by a
+  running request are pinned; cached blocks no request uses are evictable, LRU first
+  (a released prompt's deepest block goes first, so shared prefixes survive longest).
+  Only a prompt's hashed blocks occupy the cache; the partial tail and decoded tokens
+  are not charged. The emulator never refuses or preempts: if pinned blocks leave no
+  room, the rest of the prompt is simply not cached.
+* Prefill: FIFO, one request at a time. When a request reaches the head, its hit is the
+  longest cached leading run of its hashes; ``cached_tokens = min(hit * block_size,
+  prompt_len - 1)`` (at least one token is computed, to produce the first token, as vLLM
+  does). Its uncached tokens take ``uncached / prefill_tok_s`` seconds; the first token
+  is produced when prefill ends (so TTFT = queueing + own prefill). Slots for its new
+  blocks are reserved (evicting, ``BlockRemoved``) at prefill start; the blocks are
+  stored (``BlockStored``) at prefill end.
+* Decode: in parallel, independent of prefill. After each token a request schedules its
+  next one ``tpot_s + tpot_per_batch_s * (batch - 1)`` seconds later, batch = requests
+  decoding at that moment.
+* Tokens: ``sim_token(prompt_key, seed, position)``, a pure function. With
+  ``eos_every = k > 0`` the k-th decode step yields EOS: finish "stop" after k-1 tokens
+  (EOS itself is not emitted nor counted, as in the mlx adapter).
+
+Time is a float supplied by the caller: ``SimEngine`` passes the event loop's clock, an
+offline simulator passes virtual time. Protocol: ``submit(req, now)`` /
+``cancel(rid, now)`` whenever they happen; ``next_event_time()`` says when the core next
+changes state; ``advance(now)`` processes everything due up to ``now`` and returns the
+outputs (``SimToken``/``SimFinish``) in time order. Times must not go backwards.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import struct
+from collections import OrderedDict, deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import xxhash
+
+from cache_service.events import AllBlocksCleared, BlockRemoved, BlockStored, CacheEvent
+from cache_service.hashing import DEFAULT_BLOCK_SIZE
+from workers.protocol import LoadStats
+
+LABEL = "sim (engine emulator)"
+_TOKEN_KEY = struct.Struct("<QQQ")
+_MASK = (1 << 64) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class SimParams:
+    """Every constant of the emulator (see the module docstring)."""
+
+    kv_blocks: int = 1000  # C: cache capacity in blocks
+    block_size: int = DEFAULT_BLOCK_SIZE  # tokens per block (the canonical hash block size)
+    prefill_tok_s: float = 12000.0  # P: prefill throughput of uncached tokens
+    tpot_s: float = 0.02  # decode step time at batch 1
+    tpot_per_batch_s: float = 0.0002  # added per extra decoding request
+    vocab_size: int = 4096
+    eos_every: int = 0  # 0 = never emit EOS
+
+    def __post_init__(self) -> None:
+        if self.kv_blocks < 1 or self.block_size < 1 or self.vocab_size < 1:
+            raise ValueError("kv_blocks, block_size and vocab_size must be >= 1")
+        if self.prefill_tok_s <= 0 or self.tpot_s < 0 or self.tpot_per_batch_s < 0:
+            raise ValueError("prefill_tok_s must be > 0, tpot_s and tpot_per_batch_s >= 0")
+        if self.eos_every < 0:
+            raise ValueError("eos_every must be >= 0")
+
+    @classmethod
+    def from_kwargs(cls, kwargs: Mapping[str, Any], block_size: int) -> SimParams:
+        """Params from config ``engine_kwargs``; ``block_size`` defaults to the canonical one."""
+        known = {f.name: f.type for f in fields(cls)}
+        unknown = set(kwargs) - set(known)
+        if unknown:
+            raise ValueError(f"unknown sim engine parameters: {sorted(unknown)}")
+        casts = {"int": int, "float": float}
+        values = {k: casts[str(known[k])](v) for k, v in kwargs.items()}
+        values.setdefault("block_size", block_size)
+        return cls(**values)
+
+    def step_time(self, batch: int) -> float:
+        return self.tpot_s + self.tpot_per_batch_s * max(0, batch - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class SimRequest:
+    request_id: str
+    block_hashes: Sequence[int]  # the prompt's block hashes, taken as given
+    prompt_len: int  # tokens, >= 1
+    max_tokens: int
+    prompt_key: int = 0  # seeds the token stream (SimEngine: a hash of the token ids)
+    seed: int = 0
+    eos: bool = True  # False = ignore EOS (SamplingParams.ignore_eos)
+
+
+@dataclass(frozen=True, slots=True)
+class SimToken:
+    request_id: str
+    time: float
+    token_id: int
+    index: int  # 0-based position in the completion
+
+
+@dataclass(frozen=True, slots=True)
+class SimFinish:
+    request_id: str
+    time: float
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    reason: str  # "stop" | "length" | "abort"
+
+
+SimOutput = SimToken | SimFinish
+
+
+def sim_token(prompt_key: int, seed: int, position: int, vocab_size: int) -> int:
+    """The emulator's output token: a pure function of prompt, seed and position."""
+    key = _TOKEN_KEY.pack(prompt_key & _MASK, seed & _MASK, position & _MASK)
+    return xxhash.xxh3_64_intdigest(key) % vocab_size
+
+
+@dataclass(slots=True)
+class _Req:
+    spec: SimRequest
+    state: str = "waiting"  # "waiting" | "prefill" | "decode"
+    uncached: int = 0  # waiting: an estimate at submit; exact from prefill start
+    cached: int = 0
+    pinned: list[int] = field(default_factory=list)
+    to_store: list[int] = field(default_factory=list)  # reserved, stored at prefill end
+    generated: int = 0
+    seq: int = -1  # sequence number of its live heap event; other entries are stale
+
+
+class SimCore:
+    """One emulated engine replica, driven by an external clock."""
+
+    def __init__(self, params: SimParams, model: str = "", replica: str = "") -> None:
+        self.params, self.model, self.replica = params, model, replica
+        self._now = float("-inf")
+        self._reqs: dict[str, _Req] = {}
+        self._waiting: deque[str] = deque()
+        self._prefilling: str | None = None
+        self._heap: list[tuple[float, int, str]] = []
+        self._seq = itertools.count()
+        self._decoding = 0
+        self._free: OrderedDict[int, None] = OrderedDict()  # cached, evictable, LRU first
+        self._pinned: dict[int, int] = {}  # cached and used: hash -> running requests
+        self._reserved = 0  # slots of blocks being prefilled
+        self._queued_tokens = 0
+        self._events: list[CacheEvent] = []
+        self._pending: list[SimOutput] = []
+
+    # -- clock-facing API ------------------------------------------------------------
+    @property
+    def now(self) -> float:
+        return self._now
+
+    def submit(self, req: SimRequest, now: float) -> None:
+        if req.prompt_len < 1:
+            raise ValueError("prompt_len must be >= 1")
+        if req.request_id in self._reqs:
+            raise ValueError(f"request {req.request_id!r} is already running")
+        self._run_until(now)
+        r = _Req(req)
+        r.uncached = req.prompt_len - self._cached_tokens(req, self.cached_prefix_blocks(req))
+        self._reqs[req.request_id] = r
+        self._queued_tokens += r.uncached
+        self._waiting.append(req.request_id)
+        self._start_next(self._now)
+
+    def next_event_time(self) -> float | None:
+        if self._pending:
+            return self._now
+        while self._heap and not self._live(self._heap[0]):
+            heapq.heappop(self._heap)
+        return self._heap[0][0] if self._heap else None
+
+    def advance(self, now: float) -> list[SimOutput]:
+        self._run_until(now)
+        out, self._pending = self._pending, []
+        return out
+
+    def cancel(self, request_id: str, now: float, reason: str = "abort") -> SimFinish | None:
+        """End a request early (abort, or a stop string seen by the adapter)."""
+        self._run_until(now)
+        r = self._reqs.get(request_id)
+        if r is None:
+            return None
+        if r.state == "waiting":
+            self._waiting.remove(request_id)
+        fin = self._finish(r, self._now, reason)
+        self._start_next(self._now)
+        return fin
+
+    # -- cache-facing API ------------------------------------------------------------
+    def cached_prefix_blocks(self, req: SimRequest) -> int:
+        """Leading blocks of ``req`` cached right now (does not touch the LRU order)."""
+        n = 0
+        for h in req.block_hashes:
+            if h not in self._free and h not in self._pinned:
+                break
+            n += 1
+        return n
+
+    @property
+    def cached_blocks(self) -> int:
+        return len(self._free) + len(self._pinned)
+
+    def drain_events(self) -> list[CacheEvent]:
+        events, self._events = self._events, []
+        return events
+
+    def clear(self) -> None:
+        """Reset the prefix cache: drop evictable blocks; blocks in use stay (re-announced)."""
+        self._free.clear()
+        self._events.append(AllBlocksCleared(self.model, self.replica))
+        if self._pinned:
+            self._events.append(BlockStored(self.model, self.replica, tuple(self._pinned)))
+
+    def load(self) -> LoadStats:
+        # Like vLLM's kv_cache_usage: evictable cached blocks count as free.
+        used = len(self._pinned) + self._reserved
+        return LoadStats(len(self._reqs), self._queued_tokens, used / self.params.kv_blocks)
+
+    # -- internals -------------------------------------------------------------------
+    def _run_until(self, now: float) -> None:
+        if now < self._now:
+            raise ValueError(f"time went backwards: {now} < {self._now}")
+        while self._heap and self._heap[0][0] <= now:
+            entry = heapq.heappop(self._heap)
+            if not self._live(entry):
+                continue
+            self._now = entry[0]
+            r = self._reqs[entry[2]]
+            if r.state == "prefill":
+                self._end_prefill(r)
+            else:
+                self._step(r)
+        self._now = now
+
+    def _live(self, entry: tuple[float, int, str]) -> bool:
+        r = self._reqs.get(entry[2])
+        return r is not None and r.seq == entry[1]
+
+    def _schedule(self, r: _Req, at: float) -> None:
+        r.seq = next(self._seq)
+        heapq.heappush(self._heap, (at, r.seq, r.spec.request_id))
+
+    def _cached_tokens(self, req: SimRequest, hit_blocks: int) -> int:
+        return min(hit_blocks * self.params.block_size, req.prompt_len - 1)
+
+    def _start_next(self, t: float) -> None:
+        if self._prefilling is not None or not self._waiting:
+            return
+        r = self._reqs[self._waiting.popleft()]
+        hit = self.cached_prefix_blocks(r.spec)
+        r.cached = self._cached_tokens(r.spec, hit)
+        self._queued_tokens += (r.spec.prompt_len - r.cached) - r.uncached
+        r.uncached = r.spec.prompt_len - r.cached
+        missing: dict[int, None] = {}
+        for h in r.spec.block_hashes:
+            if h in self._free or h in self._pinned:
+                self._pin(h, r)
+            else:
+                missing[h] = None
+        room = self.params.kv_blocks - self.cached_blocks - self._reserved
+        self._evict(len(missing) - room)
+        room = self.params.kv_blocks - self.cached_blocks - self._reserved
+        r.to_store = list(missing)[: max(0, room)]
+        self._reserved += len(r.to_store)
+        r.state, self._prefilling = "prefill", r.spec.request_id
+        self._schedule(r, t + r.uncached / self.params.prefill_tok_s)
+
+    def _end_prefill(self, r: _Req) -> None:
+        self._reserved -= len(r.to_store)
+        for h in r.to_store:
+            self._pin(h, r)
+        if r.to_store:
+            self._events.append(BlockStored(self.model, self.replica, tuple(r.to_store)))
+        r.to_store = []
+        self._queued_tokens -= r.uncached
+        self._prefilling = None
+        r.state = "decode"
+        self._decoding += 1
+        self._step(r)
+        self._start_next(self._now)
+
+    def _step(self, r: _Req) -> None:
+        """One decode step of ``r`` at ``self._now`` (the first one ends prefill)."""
+        spec, i = r.spec, r.generated
+        if i >= spec.max_tokens:
+            self._pending.append(self._finish(r, self._now, "length"))
+        elif spec.eos and self.params.eos_every and i + 1 == self.params.eos_every:
+            self._pending.append(self._finish(r, self._now, "stop"))
+        else:
+            tok = sim_token(spec.prompt_key, spec.seed, i, self.params.vocab_size)
+            r.generated += 1
+            self._pending.append(SimToken(spec.request_id, self._now, tok, i))
+            if r.generated >= spec.max_tokens:
+                self._pending.append(self._finish(r, self._now, "length"))
+            else:
+                self._schedule(r, self._now + self.params.step_time(self._decoding))
+
+    def _finish(self, r: _Req, t: float, reason: str) -> SimFinish:
+        spec = r.spec
+        del self._reqs[spec.request_id]
+        if r.state == "prefill":
+            self._reserved -= len(r.to_store)
+            self._queued_tokens -= r.uncached
+            self._prefilling = None
+        elif r.state == "waiting":
+            self._queued_tokens -= r.uncached
+        else:
+            self._decoding -= 1
+        self._release(r)
+        return SimFinish(spec.request_id, t, spec.prompt_len, r.generated, r.cached, reason)
+
+    def _pin(self, h: int, r: _Req) -> None:
+        if h in self._free:
+            del self._free[h]
+        self._pinned[h] = self._pinned.get(h, 0) + 1
+        r.pinned.append(h)
+
+    def _release(self, r: _Req) -> None:
+        # Deepest block first into the LRU, so it is evicted before its prefix.
+        for h in reversed(r.pinned):
+            n = self._pinned[h] - 1
+            if n:
+                self._pinned[h] = n
+            else:
+                del self._pinned[h]
+                self._free[h] = None
+        r.pinned = []
+
+    def _evict(self, n: int) -> None:
+        removed = []
+        while n > 0 and self._free:
+            removed.append(self._free.popitem(last=False)[0])
+            n -= 1
+        if removed:
+            self._events.append(BlockRemoved(self.model, self.replica, tuple(removed)))

@@ -1,0 +1,195 @@
+"""The ``sim`` engine: an engine EMULATOR (no model runs) behind the Engine protocol.
+
+For testing and benchmarking routing at scale on CPUs, like NVIDIA Dynamo's mocker or
+llm-d's inference simulator. The model (KV cache of C blocks with LRU eviction, FIFO
+prefill at P tok/s, batch-dependent TPOT, deterministic tokens) lives in
+``workers.sim_core.SimCore``, a clock-free state machine; this adapter drives it in real
+time with the event loop's clock: a single timer (``loop.call_at``) fires at the core's
+next event time, and outputs are dispatched to per-request queues. No threads.
+
+The adapter hashes token ids into canonical block hashes (``block_hashes`` with
+``model_salt(model_name)`` and the router's block size), so its cache events are exactly
+the router's hashes. Each output token ``t`` has the text ``f" w{t}"``; stop strings are
+matched on that text (``StopMatcher``) and end the request with finish_reason "stop".
+Temperature and top_p are ignored: output is a pure function of (prompt, seed, position).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import xxhash
+
+from cache_service.events import CacheEvent
+from cache_service.hashing import DEFAULT_BLOCK_SIZE, block_hashes, model_salt
+from workers.protocol import (
+    EngineError,
+    Finished,
+    GenerateRequest,
+    LoadStats,
+    TokenChunk,
+    Usage,
+)
+from workers.sim_core import LABEL, SimCore, SimFinish, SimOutput, SimParams, SimRequest
+from workers.stops import StopMatcher
+
+__all__ = ["SimEngine", "SimParams", "token_text"]
+
+
+def token_text(token_id: int) -> str:
+    """The emulator's detokenization: one word per token."""
+    return f" w{token_id}"
+
+
+@dataclass(slots=True)
+class _Stream:
+    stops: StopMatcher
+    queue: asyncio.Queue[TokenChunk | Finished] = field(default_factory=asyncio.Queue)
+    held: list[int] = field(default_factory=list)  # ids whose text the StopMatcher holds
+
+
+class SimEngine:
+    """Engine EMULATOR replica (see the module docstring)."""
+
+    label = LABEL
+
+    def __init__(
+        self,
+        model_name: str,
+        replica_id: str,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        params: SimParams | None = None,
+    ) -> None:
+        params = params or SimParams(block_size=block_size)
+        if params.block_size != block_size:
+            # Events must be the router's hashes, so emulated blocks are canonical blocks.
+            raise ValueError(
+                f"sim block_size {params.block_size} != canonical block size {block_size}"
+            )
+        self.model_name, self.replica_id = model_name, replica_id
+        self.params = params
+        self._salt = model_salt(model_name)
+        self._core = SimCore(self.params, model_name, replica_id)
+        self._streams: dict[str, _Stream] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._closed = False
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenChunk | Finished]:
+        rid, sp = request.request_id, request.sampling
+        if self._loop is None or self._closed:
+            raise EngineError(f"{LABEL} is not running")
+        if not request.token_ids:
+            raise EngineError("empty prompt")
+        if rid in self._streams:
+            raise EngineError(f"request {rid!r} is already running")
+        ids = np.asarray(request.token_ids, dtype="<u4")
+        spec = SimRequest(
+            rid,
+            block_hashes(ids, self.params.block_size, self._salt),
+            prompt_len=len(ids),
+            max_tokens=sp.max_tokens,
+            prompt_key=xxhash.xxh3_64_intdigest(ids.tobytes()),
+            seed=sp.seed or 0,
+            eos=not sp.ignore_eos,
+        )
+        stream = _Stream(StopMatcher(sp.stop))
+        self._streams[rid] = stream
+        self._core.submit(spec, self._now())
+        self._reschedule()
+        try:
+            while True:
+                item = await stream.queue.get()
+                yield item
+                if isinstance(item, Finished):
+                    return
+        finally:
+            if self._streams.get(rid) is stream:  # the consumer left early: abort
+                del self._streams[rid]
+                self._core.cancel(rid, self._now())
+                self._reschedule()
+
+    async def abort(self, request_id: str) -> None:
+        if request_id in self._streams:
+            fin = self._core.cancel(request_id, self._now())
+            if fin is not None:
+                self._dispatch([fin])
+            self._reschedule()
+
+    def drain_cache_events(self) -> list[CacheEvent]:
+        return self._core.drain_events()
+
+    def load(self) -> LoadStats:
+        return self._core.load()
+
+    async def check_health(self) -> None:
+        if self._loop is None or self._closed:
+            raise EngineError(f"{LABEL} is not running")
+
+    async def shutdown(self) -> None:
+        if self._closed:
+            return
+        for rid in list(self._streams):
+            await self.abort(rid)
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._core.clear()
+
+    def reset_cache(self) -> None:
+        """Drop the prefix cache (emits AllBlocksCleared)."""
+        self._core.clear()
+
+    # -- driving the core in real time -------------------------------------------------
+    def _now(self) -> float:
+        assert self._loop is not None
+        return max(self._loop.time(), self._core.now)
+
+    def _reschedule(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        t = self._core.next_event_time()
+        if t is not None and not self._closed and self._loop is not None:
+            self._timer = self._loop.call_at(t, self._tick, t)
+
+    def _tick(self, due: float) -> None:
+        self._timer = None
+        # call_at may fire a hair early (clock resolution): the event is due, run it.
+        self._dispatch(self._core.advance(max(due, self._now())))
+        self._reschedule()
+
+    def _dispatch(self, outputs: list[SimOutput]) -> None:
+        for out in outputs:
+            stream = self._streams.get(out.request_id)
+            if stream is None:  # its consumer already left
+                continue
+            if isinstance(out, SimFinish):
+                self._finish(out.request_id, stream, out)
+                continue
+            stream.held.append(out.token_id)
+            text, hit = stream.stops.feed(token_text(out.token_id))
+            if text or hit:
+                stream.queue.put_nowait(TokenChunk(text, tuple(stream.held)))
+                stream.held = []
+            if hit:
+                fin = self._core.cancel(out.request_id, self._core.now, reason="stop")
+                assert fin is not None
+                # The core may have run past this token within one advance; count to it.
+                self._finish(out.request_id, stream, replace(fin, completion_tokens=out.index + 1))
+
+    def _finish(self, rid: str, stream: _Stream, fin: SimFinish) -> None:
+        tail = stream.stops.flush() if fin.reason != "abort" else ""
+        if tail or stream.held:
+            stream.queue.put_nowait(TokenChunk(tail, tuple(stream.held)))
+            stream.held = []
+        usage = Usage(fin.prompt_tokens, fin.completion_tokens, fin.cached_tokens)
+        stream.queue.put_nowait(Finished(usage, fin.reason))
+        del self._streams[rid]
