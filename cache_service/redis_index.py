@@ -15,8 +15,9 @@ One HASH per (model, replica) is both the index and the per-replica reverse set:
 replica is one ``UNLINK``. Redis 7.0 has no per-field TTL (HEXPIRE is 7.4), so each field's
 value is its expiry, compared with ``TIME`` inside the scripts; it only ever grows (a routed
 write never shortens an engine-confirmed entry). Expired fields are invisible at once and
-deleted lazily: every write to a replica also sweeps ``2n + 64`` fields of its HASH from a
-persistent HSCAN cursor (faster than it inserts, so garbage stays below the live entries).
+deleted lazily: every write to a replica also sweeps ``2 * new fields + 64`` fields of its
+HASH from a persistent HSCAN cursor (twice as fast as it inserts, so garbage stays below the
+live entries).
 Every written key gets ``PEXPIRE max_ttl`` as a backstop (>= any of its fields' expiry), so
 a replica that stops being written vanishes entirely. ``purge_dead`` prunes heartbeats and
 tombstones.

@@ -50,14 +50,17 @@ end
 # Longest run of leading hashes hs[1..n] held (unexpired) in holdings HASH ``rev``: HMGET in
 # growing chunks (4, 16, 64, ...), stopping at the first missing or expired block.
 _LONGEST = """
+local nlen = #now_s
 local function longest(rev, hs, n)
   local pos, size = 0, 4
   while pos < n do
     local last = math.min(pos + size, n)
     local vals = redis.call('HMGET', rev, unpack(hs, pos + 1, last))
     for j = 1, last - pos do
-      local v = vals[j]
-      if (not v) or not alive_exp(v) then return pos + j - 1 end
+      local v = vals[j]  -- inlined alive_exp: this loop is the hot path
+      if not v or (#v == nlen and v <= now_s) or (#v ~= nlen and tonumber(v) <= now) then
+        return pos + j - 1
+      end
     end
     pos, size = last, math.min(size * 4, CHUNK)
   end
@@ -113,20 +116,23 @@ local function sweep(rev, curs, r, budget)
   end
   if res[1] == '0' then redis.call('HDEL', curs, r) else redis.call('HSET', curs, r, res[1]) end
 end
+-- Writes expiry ``exp`` for hashes hs (never lowering one); returns how many fields are new.
 local function store(rev, hs, exp)
-  local exp_s = ms(exp)
+  local exp_s, added = ms(exp), 0
   for s = 1, #hs, CHUNK do
     local last = math.min(s + CHUNK - 1, #hs)
     local cur, args = redis.call('HMGET', rev, unpack(hs, s, last)), {}
     for j = s, last do
       local v = cur[j - s + 1]
-      if (not v) or tonumber(v) < exp then  -- expiry only grows
+      if not v then added = added + 1 end
+      if (not v) or tonumber(v) < exp then
         args[#args + 1] = hs[j]
         args[#args + 1] = exp_s
       end
     end
     if #args > 0 then redis.call('HSET', rev, unpack(args)) end
   end
+  return added
 end
 """
 
@@ -148,8 +154,8 @@ for op = 1, (#KEYS - 1) / 4 do
     -- removed replica: drop late writes so they cannot resurrect it
   elseif kind == 'S' and #hs > 0 then
     local exp = now + ttl
-    store(rev, hs, exp)
-    sweep(rev, curs, r, 2 * #hs + 64)  -- sweeps faster than it inserts: garbage <= live
+    -- sweep twice as many fields as were added: garbage stays <= live entries
+    sweep(rev, curs, r, 2 * store(rev, hs, exp) + 64)
     redis.call('PEXPIRE', rev, backstop)
     redis.call('ZADD', reps, 'GT', exp, r)
     redis.call('ZREMRANGEBYSCORE', reps, '-inf', now)

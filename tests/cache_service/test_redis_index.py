@@ -160,7 +160,7 @@ async def test_sweep_cursor_cleans_big_holdings(redis_url: str, settings_for: Se
     await index.record_routed("m", "r1", old)
     await asyncio.sleep(0.35)
     fresh = block_hashes(list(range(64 * 100)), salt=2)
-    for i in range(100):  # each write sweeps 2 * 1 + 64 fields from the saved cursor
+    for i in range(100):  # each write sweeps 2 * 1 new + 64 fields from the saved cursor
         await index.record_routed("m", "r1", fresh[i : i + 1])
         if i == 3:
             assert await client.hexists(index.key("c", "m"), "r1")  # sweep in progress

@@ -1,0 +1,63 @@
+"""Pure builders: validated config → Serve ``Application``.
+
+``app_builder`` is the import path for ``serve run``/``serve deploy`` configs,
+whose ``args`` hold the same structure as the kvroute YAML.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray import serve
+from ray.serve import Application
+from ray.serve.config import AutoscalingConfig as ServeAutoscaling
+from ray.serve.config import RequestRouterConfig
+
+from deploy.config import IndexConfig, KvrouteConfig, ModelConfig
+from router.ingress import Ingress
+from router.request_router import KvRequestRouter
+from workers.deployment import ModelWorker
+
+ROUTER_DEPLOYMENT = "kvroute-router"
+
+
+def _scaling(m: ModelConfig) -> dict[str, Any]:
+    if m.autoscaling is None:
+        return {"num_replicas": m.num_replicas}
+    a = m.autoscaling
+    return {"autoscaling_config": ServeAutoscaling(
+        min_replicas=a.min_replicas, max_replicas=a.max_replicas,
+        target_ongoing_requests=a.target_ongoing_requests,
+        upscale_delay_s=a.upscale_delay_s, downscale_delay_s=a.downscale_delay_s,
+    )}
+
+
+def build_worker(m: ModelConfig, index: IndexConfig) -> Application:
+    deployment = serve.deployment(ModelWorker).options(
+        name=m.name,
+        max_ongoing_requests=m.max_ongoing_requests,
+        ray_actor_options={"num_cpus": m.num_cpus, "num_gpus": m.num_gpus},
+        request_router_config=RequestRouterConfig(
+            request_router_class=KvRequestRouter, request_routing_stats_period_s=1.0,
+        ),
+        health_check_period_s=5.0,
+        graceful_shutdown_timeout_s=30.0,
+        **_scaling(m),
+    )
+    return deployment.bind(m.model_dump(), index.model_dump())
+
+
+def build_app(config: KvrouteConfig) -> Application:
+    workers = {m.name: build_worker(m, config.index) for m in config.models}
+    ingress = serve.deployment(Ingress).options(
+        name=ROUTER_DEPLOYMENT,
+        num_replicas=config.router.replicas,
+        max_ongoing_requests=1024,
+        ray_actor_options={"num_cpus": config.router.num_cpus},
+    )
+    return ingress.bind(config.model_dump(), workers)
+
+
+def app_builder(args: dict[str, Any]) -> Application:
+    """Entry for ``serve run deploy.builder:app_builder`` (args = kvroute config)."""
+    return build_app(KvrouteConfig.model_validate(args))

@@ -1,0 +1,156 @@
+"""Configuration: one YAML file, validated at startup before anything deploys.
+
+Every model is strict (``extra="forbid"``) so a typo fails fast with a clear
+message instead of being silently ignored. ``serve run`` configs pass the same
+structure as the application's ``args``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from cache_service.hashing import DEFAULT_BLOCK_SIZE
+from router.pipeline import DEFAULT_WEIGHTS, validate_weights
+
+EngineName = Literal["mlx", "vllm", "sim"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AutoscalingConfig(_Strict):
+    min_replicas: int = Field(1, ge=0, description="Fewest replicas kept running.")
+    max_replicas: int = Field(1, ge=1, description="Most replicas Serve may start.")
+    target_ongoing_requests: float = Field(
+        2.0, gt=0, description="Ongoing requests per replica that autoscaling aims for."
+    )
+    upscale_delay_s: float = Field(10.0, ge=0, description="How long load must stay high.")
+    downscale_delay_s: float = Field(60.0, ge=0, description="How long load must stay low.")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscalingConfig:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("min_replicas must be <= max_replicas")
+        return self
+
+
+class ModelConfig(_Strict):
+    name: str = Field(description="Name clients send as `model`; also the deployment name.")
+    engine: EngineName = Field("mlx", description="Which engine adapter hosts the model.")
+    model_path: str = Field(description="Local checkpoint folder or hub id of the model.")
+    engine_kwargs: dict[str, int | float | str | bool] = Field(
+        default_factory=dict, description="Engine-specific options (e.g. cache_bytes)."
+    )
+    num_replicas: int | None = Field(
+        2, ge=1, description="Fixed replica count; ignored when `autoscaling` is set."
+    )
+    autoscaling: AutoscalingConfig | None = Field(None, description="Serve autoscaling.")
+    max_ongoing_requests: int = Field(
+        16, ge=1, description="Per-replica concurrency cap; beyond it Serve backs off."
+    )
+    num_cpus: float = Field(1.0, ge=0, description="CPUs reserved per replica.")
+    num_gpus: float = Field(0.0, ge=0, description="GPUs reserved per replica.")
+    context_window: int = Field(32768, ge=16, description="Max prompt + output tokens.")
+    default_max_tokens: int = Field(
+        1024, ge=1, description="Output limit when a request sets none (capped by context)."
+    )
+
+    @field_validator("model_path")
+    @classmethod
+    def _expand(cls, v: str) -> str:
+        return os.path.expanduser(v) if v.startswith("~") else v
+
+    @field_validator("name")
+    @classmethod
+    def _name_ok(cls, v: str) -> str:
+        if not v or any(c in v for c in " /#{}"):
+            raise ValueError("model name must be non-empty without spaces, '/', '#', '{', '}'")
+        return v
+
+
+class IndexConfig(_Strict):
+    redis_url: str | None = Field(
+        None, description="Redis URL for the shared index; None = embedded memory index."
+    )
+    block_size: int = Field(DEFAULT_BLOCK_SIZE, ge=1, le=4096, description="Tokens per block.")
+    namespace: str = Field("kvroute", description="Redis key namespace (hash tag).")
+    routed_ttl_s: float = Field(120.0, gt=0, description="TTL of blocks recorded at routing.")
+    stored_ttl_s: float = Field(3600.0, gt=0, description="TTL of engine-confirmed blocks.")
+    liveness_ttl_s: float = Field(10.0, gt=0, description="Replica dead after this silence.")
+    timeout_s: float = Field(0.05, gt=0, description="Per-call Redis timeout.")
+
+
+class RouterConfig(_Strict):
+    replicas: int = Field(1, ge=1, description="Router ingress replicas.")
+    num_cpus: float = Field(0.0, ge=0, description="CPUs reserved per router replica.")
+    prefill_tokens_per_s: float = Field(
+        4000.0, gt=0, description="Initial per-replica prefill rate before one is learned."
+    )
+    max_retries: int = Field(2, ge=0, description="Retries on the next replica before 1st token.")
+    scorers: dict[str, float] = Field(
+        default_factory=lambda: dict(DEFAULT_WEIGHTS),
+        description="Routing scorers by registered name, with their weights.",
+    )
+
+    @field_validator("scorers")
+    @classmethod
+    def _known_scorers(cls, v: dict[str, float]) -> dict[str, float]:
+        validate_weights(v)
+        return v
+
+
+class ServerConfig(_Strict):
+    host: str = Field("127.0.0.1", description="Bind address; loopback unless configured.")
+    port: int = Field(8000, ge=0, le=65535, description="HTTP port of the Serve proxy.")
+
+
+class KvrouteConfig(_Strict):
+    models: list[ModelConfig] = Field(min_length=1, description="Served models.")
+    index: IndexConfig = Field(default_factory=IndexConfig, description="Prefix index.")
+    router: RouterConfig = Field(default_factory=RouterConfig, description="Router ingress.")
+    server: ServerConfig = Field(default_factory=ServerConfig, description="HTTP server.")
+
+    @model_validator(mode="after")
+    def _unique(self) -> KvrouteConfig:
+        names = [m.name for m in self.models]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate model names: {names}")
+        return self
+
+    def model(self, name: str) -> ModelConfig | None:
+        return next((m for m in self.models if m.name == name), None)
+
+
+APP_IMPORT_PATH = "deploy.builder:app_builder"
+
+
+def load_config(path: str | Path) -> KvrouteConfig:
+    """A kvroute YAML, or a Serve config whose kvroute application carries it as ``args``."""
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    if isinstance(data, dict) and "applications" in data:
+        apps = [a for a in data["applications"] if a.get("import_path") == APP_IMPORT_PATH]
+        if len(apps) != 1:
+            raise ValueError(f"{path}: expected one application with import_path "
+                             f"{APP_IMPORT_PATH!r}, found {len(apps)}")
+        data = apps[0].get("args") or {}
+    return KvrouteConfig.model_validate(data)
+
+
+def demo_config(
+    backend: EngineName = "mlx", replicas: int = 2, redis_url: str | None = None
+) -> KvrouteConfig:
+    """The embedded default: the tiny offline model on ``backend``."""
+    from ops.tiny_model import ensure_model
+
+    url = redis_url or os.environ.get("KVROUTE_REDIS_URL") or None
+    model = ModelConfig(
+        name="tiny-llama", engine=backend, model_path=str(ensure_model()),
+        num_replicas=replicas, num_cpus=0.5,
+    )
+    return KvrouteConfig(models=[model], index=IndexConfig(redis_url=url))

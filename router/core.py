@@ -1,0 +1,187 @@
+"""Route one tokenized request: index lookup → pipeline → dispatch with retries.
+
+``RouterCore`` is API-agnostic: the OpenAI and Anthropic front ends both hand it
+token ids and get back a ``Generation`` that already holds the first message
+from the chosen replica (so headers can name it, and a replica that fails before
+its first token is retried on the next candidate).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
+
+from cache_service import IndexSettings, make_index
+from cache_service.hashing import block_hashes, model_salt
+from cache_service.index import PrefixIndex
+from deploy.config import KvrouteConfig, ModelConfig
+from router.context import Candidate, RequestContext
+from router.errors import ApiError
+from router.load import LoadTracker, Ticket
+from router.pipeline import Pipeline
+from router.request_router import RANK_KWARG
+from router.tokenization import ChatTokenizer
+from router.views import replica_view
+from workers.publisher import from_wire
+
+log = logging.getLogger(__name__)
+_VIEW_WAIT_S = 10.0
+
+
+@dataclass(slots=True)
+class Generation:
+    """A started generation: the chosen replica and its message stream."""
+
+    model: str
+    replica: str
+    predicted_cached_tokens: int
+    prompt_tokens: int
+    first: dict[str, Any]
+    _rest: DeploymentResponseGenerator
+    _core: RouterCore
+    _ticket: Ticket
+    final: dict[str, Any] | None = None
+    _closed: bool = field(default=False)
+
+    async def messages(self) -> AsyncIterator[dict[str, Any]]:
+        try:
+            msg: dict[str, Any] | None = self.first
+            while msg is not None:
+                if "text" in msg:
+                    self._core.loads.first_token(self._ticket)
+                if "finish_reason" in msg:
+                    self.final = msg
+                    await self._core.on_final(self.model, msg)
+                yield msg
+                msg = None if self.final else await anext(self._rest, None)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._core.loads.end(self._ticket)
+            if self.final is None:
+                self._rest.cancel()  # client went away: abort on the worker
+
+
+class RouterCore:
+    def __init__(self, config: KvrouteConfig, handles: Mapping[str, DeploymentHandle]) -> None:
+        self.config = config
+        self.models: dict[str, ModelConfig] = {m.name: m for m in config.models}
+        self.tokenizers = {m.name: ChatTokenizer(m.model_path) for m in config.models}
+        self._salts = {m.name: model_salt(m.name) for m in config.models}
+        self._handles = {name: h.options(stream=True) for name, h in handles.items()}
+        idx = config.index
+        self.index: PrefixIndex = make_index(idx.redis_url, IndexSettings(
+            namespace=idx.namespace, routed_ttl_s=idx.routed_ttl_s,
+            stored_ttl_s=idx.stored_ttl_s, liveness_ttl_s=idx.liveness_ttl_s,
+        ))
+        self.pipeline = Pipeline(config.router.scorers)
+        self.loads = LoadTracker()
+        self._known: dict[str, set[str]] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def ready(self) -> dict[str, int]:
+        return {name: len(replica_view(name)) for name in self.models}
+
+    async def generate(
+        self, model: str, token_ids: list[int], sampling: dict[str, Any], request_id: str,
+        headers: Mapping[str, str] | None = None, session_id: str | None = None,
+    ) -> Generation:
+        hashes = block_hashes(token_ids, self.config.index.block_size, self._salts[model])
+        match = await self.index.lookup({model: hashes})
+        ctx = RequestContext(
+            request_id, {model: len(token_ids)}, {model: hashes},
+            self.config.index.block_size, await self._candidates(model, match.get(model, {})),
+            headers or {}, session_id,
+        )
+        ranked = self.pipeline.rank(ctx)
+        payload = {"request_id": request_id, "token_ids": token_ids, "sampling": sampling}
+        failed: set[str] = set()
+        for _attempt in range(self.config.router.max_retries + 1):
+            order = [c for c in ranked if c.replica not in failed] or ranked
+            gen = await self._dispatch(model, order, ctx, hashes, payload)
+            if gen is not None:
+                return gen
+            failed.add(order[0].replica)
+        raise ApiError(503, f"no replica of {model!r} could take the request", "no_replica")
+
+    async def _dispatch(
+        self, model: str, order: list[Candidate], ctx: RequestContext,
+        hashes: list[int], payload: dict[str, Any],
+    ) -> Generation | None:
+        target = order[0]
+        ticket = self.loads.begin(model, target.replica, ctx.uncached(target))
+        self._spawn(self.index.record_routed(model, target.replica, hashes))
+        resp = self._handles[model].generate.remote(
+            payload, **{RANK_KWARG: [c.replica for c in order]}
+        )
+        try:
+            first = await anext(resp)
+        except Exception as e:  # the replica failed before its first token: retry
+            log.warning("replica %s failed before first token: %r", target.replica, e)
+            self.loads.end(ticket)
+            return None
+        actual = str(first.get("replica", target.replica))
+        if actual != target.replica:  # Serve's router moved it (target full or gone)
+            self.loads.end(ticket)
+            target = next((c for c in order if c.replica == actual), Candidate(model, actual))
+            ticket = self.loads.begin(model, actual, ctx.uncached(target))
+        return Generation(
+            model, actual, target.matched_tokens, len(payload["token_ids"]),
+            first, resp, self, ticket,
+        )
+
+    async def _candidates(self, model: str, matches: Mapping[str, int]) -> list[Candidate]:
+        view = replica_view(model)
+        deadline = asyncio.get_running_loop().time() + _VIEW_WAIT_S
+        while not view and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)  # replicas starting, or this handle just initialised
+            view = replica_view(model)
+        if not view:
+            raise ApiError(503, f"model {model!r} has no ready replica", "no_replica", None, 5)
+        bs, rate = self.config.index.block_size, self.config.router.prefill_tokens_per_s
+        out = []
+        for info in view:
+            ongoing, pending, routed = self.loads.get(model, info.replica)
+            out.append(Candidate(
+                model, info.replica, matched_tokens=matches.get(info.replica, 0) * bs,
+                ongoing=max(ongoing, int(info.stats.get("ongoing_requests", 0))),
+                queued_prefill_tokens=max(pending, int(info.stats.get("queued_prefill_tokens", 0))),
+                kv_usage=float(info.stats.get("kv_usage", 0.0)), routed=routed,
+                prefill_tok_s=rate, max_ongoing=info.max_ongoing_requests,
+            ))
+        return out
+
+    async def on_final(self, model: str, msg: dict[str, Any]) -> None:
+        if events := msg.get("events"):
+            self._spawn(self.index.apply_events(from_wire(events)))
+
+    async def maintain(self) -> None:
+        """Purge replicas Serve removed; forget their load. Runs every second."""
+        live: set[tuple[str, str]] = set()
+        for model in self.models:
+            now = {info.replica for info in replica_view(model)}
+            for gone in self._known.get(model, set()) - now:
+                await self.index.remove_replica(model, gone)
+            self._known[model] = now
+            live |= {(model, r) for r in now}
+        self.loads.forget(live)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        with contextlib.suppress(Exception):
+            await self.index.close()

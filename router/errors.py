@@ -1,0 +1,39 @@
+"""Errors in each API's own JSON shape, with the right HTTP status."""
+
+from __future__ import annotations
+
+from fastapi.responses import JSONResponse
+
+_OPENAI_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "service_unavailable",
+}
+
+
+class ApiError(Exception):
+    def __init__(
+        self, status: int, message: str, code: str | None = None, param: str | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.code, self.param = status, message, code, param
+        self.retry_after_s = retry_after_s
+
+
+def openai_error(err: ApiError) -> JSONResponse:
+    body = {
+        "error": {
+            "message": err.message,
+            "type": _OPENAI_TYPES.get(err.status, "api_error"),
+            "param": err.param,
+            "code": err.code,
+        }
+    }
+    headers = {}
+    if err.retry_after_s is not None:
+        headers["retry-after"] = str(max(1, round(err.retry_after_s)))
+    return JSONResponse(body, status_code=err.status, headers=headers)

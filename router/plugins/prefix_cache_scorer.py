@@ -1,0 +1,23 @@
+"""prefix-cache-scorer: the share of the prompt a replica already holds.
+
+Reads the index's match info (engine-confirmed and in-flight routed blocks).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from router.context import RequestContext
+from router.plugins.base import register
+
+
+@register("prefix-cache-scorer")
+class PrefixCacheScorer:
+    name: ClassVar[str]
+
+    def score(self, ctx: RequestContext) -> list[float]:
+        out = []
+        for c in ctx.candidates:
+            total = ctx.prompt_tokens.get(c.model, 0)
+            out.append(min(1.0, c.matched_tokens / total) if total else 0.0)
+        return out

@@ -1,0 +1,92 @@
+"""Chat templating and tokenization, done once in the router.
+
+Renders the model's own Jinja chat template (from ``tokenizer_config.json``) in
+a sandbox, the way transformers' ``apply_chat_template`` does, then encodes with
+the fast ``tokenizers`` library. Only token ids travel on to the workers.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from jinja2 import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer
+
+
+class TemplateRenderError(ValueError):
+    """The conversation cannot be rendered with this model's chat template."""
+
+
+def _raise(message: str) -> None:
+    raise TemplateRenderError(message)
+
+
+def _tojson(value: Any, indent: int | None = None, **_: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, indent=indent)
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, dict):
+        return value.get("content")
+    return value
+
+
+def resolve_model_dir(model_path: str) -> Path:
+    """A local folder as is; a hub id from the local Hugging Face cache only."""
+    path = Path(model_path).expanduser()
+    if path.is_dir():
+        return path
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(model_path, allow_patterns=["*.json", "*.jinja", "*.txt"]))
+
+
+class ChatTokenizer:
+    def __init__(self, model_path: str) -> None:
+        folder = resolve_model_dir(model_path)
+        self._tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        cfg = json.loads((folder / "tokenizer_config.json").read_text())
+        template = cfg.get("chat_template")
+        if isinstance(template, list):  # named templates: take the default one
+            template = next((t["template"] for t in template if t.get("name") == "default"), None)
+        if template is None and (folder / "chat_template.jinja").exists():
+            template = (folder / "chat_template.jinja").read_text()
+        if not template:
+            raise ValueError(f"{folder} has no chat template")
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.filters["tojson"] = _tojson
+        env.globals["raise_exception"] = _raise
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        self._template = env.from_string(template)
+        self._specials = {
+            "bos_token": _token_text(cfg.get("bos_token")) or "",
+            "eos_token": _token_text(cfg.get("eos_token")) or "",
+        }
+        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> str:
+        try:
+            return self._template.render(
+                messages=messages, tools=tools or None,
+                add_generation_prompt=add_generation_prompt, **self._specials,
+            )
+        except TemplateRenderError:
+            raise
+        except (TemplateError, TypeError, KeyError, ValueError) as e:
+            raise TemplateRenderError(f"cannot render the conversation: {e}") from e
+
+    def encode(self, text: str) -> list[int]:
+        # The template already placed every special token it wants.
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=False)

@@ -1,0 +1,42 @@
+"""Shared fixtures: the tiny model, a loopback Ray, free ports."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # Ray on loopback only
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from ops.tiny_model import ensure_model
+
+    cache = Path(os.environ.get("KVROUTE_CACHE_DIR", tmp_path_factory.mktemp("kvroute-cache")))
+    return ensure_model(cache)
+
+
+@pytest.fixture(scope="session")
+def ray_local() -> Iterator[None]:
+    from deploy import runtime
+
+    runtime.init_ray("127.0.0.1", num_cpus=8)
+    yield
+    runtime.shutdown()
+
+
+from pytest_redis import factories  # noqa: E402
+
+# A real redis-server on loopback and a random port, for the end-to-end stacks.
+stack_redis = factories.redis_proc(host="127.0.0.1", port=None)

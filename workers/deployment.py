@@ -1,0 +1,92 @@
+"""The worker deployment: one Serve deployment per model, one engine per replica.
+
+A thin shim over ``workers.protocol.Engine``. The router calls ``generate``
+with token ids and a ranked replica hint (read by ``router.request_router``);
+the stream yields wire dicts: text chunks, then one final message with usage
+measured by the engine (and, with the memory index, the replica's cache events).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from ray import serve
+
+from cache_service import IndexSettings, make_index
+from deploy.config import IndexConfig, ModelConfig
+from workers.engines import make_engine
+from workers.protocol import Finished, GenerateRequest, SamplingParams
+from workers.publisher import IndexPublisher, to_wire
+
+log = logging.getLogger(__name__)
+
+
+class ModelWorker:
+    async def __init__(self, model: dict[str, Any], index: dict[str, Any]) -> None:
+        self._cfg = ModelConfig.model_validate(model)
+        idx = IndexConfig.model_validate(index)
+        self._replica = serve.get_replica_context().replica_id.unique_id
+        self._engine = make_engine(self._cfg, self._replica, idx.block_size)
+        await self._engine.start()
+        self._publisher: IndexPublisher | None = None
+        if idx.redis_url:
+            settings = IndexSettings(
+                namespace=idx.namespace, routed_ttl_s=idx.routed_ttl_s,
+                stored_ttl_s=idx.stored_ttl_s, liveness_ttl_s=idx.liveness_ttl_s,
+            )
+            index = make_index(idx.redis_url, settings)
+            self._publisher = IndexPublisher(self._engine, index, self._cfg.name, self._replica)
+            self._publisher.start()
+        log.info("worker %s/%s ready (%s)", self._cfg.name, self._replica, self._cfg.engine)
+
+    async def generate(
+        self, request: dict[str, Any], kvroute_rank: list[str] | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Stream one generation. ``kvroute_rank`` is consumed by the request router."""
+        req = GenerateRequest(
+            request_id=str(request["request_id"]),
+            token_ids=[int(t) for t in request["token_ids"]],
+            sampling=SamplingParams(**request.get("sampling", {})),
+        )
+        async for item in self._engine.generate(req):
+            if isinstance(item, Finished):
+                yield self._final(item)
+            else:
+                yield {"replica": self._replica, "text": item.text, "n": len(item.token_ids)}
+
+    def _final(self, item: Finished) -> dict[str, Any]:
+        u = item.usage
+        msg: dict[str, Any] = {
+            "replica": self._replica,
+            "finish_reason": item.finish_reason,
+            "usage": {
+                "prompt_tokens": u.prompt_tokens,
+                "completion_tokens": u.completion_tokens,
+                "cached_tokens": u.cached_tokens,
+            },
+        }
+        if self._publisher is None:
+            msg["events"] = to_wire(self._engine.drain_cache_events())
+        return msg
+
+    async def load(self) -> dict[str, Any]:
+        stats = self._engine.load()
+        return {
+            "replica": self._replica,
+            "ongoing_requests": stats.ongoing_requests,
+            "queued_prefill_tokens": stats.queued_prefill_tokens,
+            "kv_usage": stats.kv_usage,
+        }
+
+    async def record_routing_stats(self) -> dict[str, Any]:
+        return await self.load()
+
+    async def check_health(self) -> None:
+        await self._engine.check_health()
+
+    async def __del__(self) -> None:
+        if self._publisher is not None:
+            await self._publisher.stop()
+        await self._engine.shutdown()

@@ -1,0 +1,45 @@
+"""Engine registry: engine name → adapter constructor.
+
+Adapters import their runtime lazily, so a missing package is reported with the
+extra to install rather than failing at import time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from deploy.config import ModelConfig
+from workers.protocol import Engine
+
+EngineFactory = Callable[[ModelConfig, str, int], Engine]
+
+
+def _mlx(cfg: ModelConfig, replica: str, block_size: int) -> Engine:
+    from workers.mlx_engine import MlxEngine
+
+    kw = cfg.engine_kwargs
+    return MlxEngine(
+        cfg.model_path, cfg.name, replica, block_size,
+        cache_bytes=int(kw.get("cache_bytes", 1 << 30)),
+        max_cache_entries=int(kw.get("max_cache_entries", 64)),
+    )
+
+
+def _sim(cfg: ModelConfig, replica: str, block_size: int) -> Engine:
+    from workers.sim_engine import SimEngine, SimParams
+
+    params = SimParams.from_kwargs(cfg.engine_kwargs, block_size)
+    return SimEngine(cfg.name, replica, block_size, params)
+
+
+ENGINES: dict[str, EngineFactory] = {"mlx": _mlx, "sim": _sim}
+
+
+def make_engine(cfg: ModelConfig, replica: str, block_size: int) -> Engine:
+    try:
+        factory = ENGINES[cfg.engine]
+    except KeyError:
+        raise ValueError(
+            f"engine {cfg.engine!r} is not available; known engines: {sorted(ENGINES)}"
+        ) from None
+    return factory(cfg, replica, block_size)
