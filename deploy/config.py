@@ -15,7 +15,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from cache_service.hashing import DEFAULT_BLOCK_SIZE
-from router.pipeline import DEFAULT_WEIGHTS, validate_weights
+from router.pipeline import PipelineConfig
+from router.profiles import profile
 
 EngineName = Literal["mlx", "vllm", "sim"]
 
@@ -93,16 +94,20 @@ class RouterConfig(_Strict):
         4000.0, gt=0, description="Initial per-replica prefill rate before one is learned."
     )
     max_retries: int = Field(2, ge=0, description="Retries on the next replica before 1st token.")
-    scorers: dict[str, float] = Field(
-        default_factory=lambda: dict(DEFAULT_WEIGHTS),
-        description="Routing scorers by registered name, with their weights.",
+    policy: str = Field("kvroute", description="A named routing profile (router.profiles).")
+    pipeline: PipelineConfig | None = Field(
+        None, description="An explicit pipeline (filters, weighted scorers, picker); "
+        "overrides `policy`.",
     )
 
-    @field_validator("scorers")
+    @field_validator("policy")
     @classmethod
-    def _known_scorers(cls, v: dict[str, float]) -> dict[str, float]:
-        validate_weights(v)
+    def _known_policy(cls, v: str) -> str:
+        profile(v)
         return v
+
+    def routing(self) -> PipelineConfig:
+        return self.pipeline or profile(self.policy)
 
 
 class ServerConfig(_Strict):

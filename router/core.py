@@ -83,7 +83,7 @@ class RouterCore:
             namespace=idx.namespace, routed_ttl_s=idx.routed_ttl_s,
             stored_ttl_s=idx.stored_ttl_s, liveness_ttl_s=idx.liveness_ttl_s,
         ))
-        self.pipeline = Pipeline(config.router.scorers)
+        self.pipeline = Pipeline(config.router.routing())
         self.loads = LoadTracker()
         self._known: dict[str, set[str]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -103,6 +103,8 @@ class RouterCore:
             headers or {}, session_id,
         )
         ranked = self.pipeline.rank(ctx)
+        if ranked:
+            self.pipeline.on_routed(ctx, ranked[0])
         payload = {"request_id": request_id, "token_ids": token_ids, "sampling": sampling}
         failed: set[str] = set()
         for _attempt in range(self.config.router.max_retries + 1):

@@ -1,51 +1,69 @@
 """The routing pipeline: filters → weighted scorers → picker.
 
-Filters drop candidates that cannot serve (full or unknown); scorers each give
-every candidate a score in [0, 1]; the pipeline sums them with the configured
-weights; the picker ranks by total score, ties going to the candidate with fewer
-requests in flight, then the one this router has used least (which spreads
-unrelated conversations instead of piling them on one replica).
+Filters drop candidates that cannot serve; each scorer gives every remaining
+candidate a score in [0, 1]; the pipeline sums them with the configured weights;
+the picker turns the totals into a ranking (best first). Plugins are named in
+config and built from the registry, so a new policy is a new profile, never a
+new branch in the router.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from router.context import Candidate, RequestContext
-from router.plugins import PLUGINS, Scorer
-
-DEFAULT_WEIGHTS: dict[str, float] = {
-    "queued-prefill-scorer": 1.0,
-    "ongoing-requests-scorer": 0.1,
-}
+from router.plugins import make_plugin
 
 
-def validate_weights(weights: Mapping[str, float]) -> None:
-    unknown = sorted(set(weights) - set(PLUGINS))
-    if unknown:
-        raise ValueError(f"unknown routing plugins {unknown}; known: {sorted(PLUGINS)}")
-    bad = {k: w for k, w in weights.items() if not 0.0 <= w <= 100.0}
-    if bad:
-        raise ValueError(f"plugin weights must lie in [0, 100]: {bad}")
+class PluginRef(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(description="Registered kebab-case plugin name.")
+    weight: float = Field(1.0, ge=0.0, le=100.0, description="Scorer weight (scorers only).")
+    params: dict[str, Any] = Field(default_factory=dict, description="The plugin's typed params.")
+
+
+class PipelineConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    filters: list[PluginRef] = Field(
+        default_factory=lambda: [PluginRef(name="capacity-filter")],
+        description="Filters, applied in order.",
+    )
+    scorers: list[PluginRef] = Field(default_factory=list, description="Weighted scorers.")
+    picker: PluginRef = Field(
+        default_factory=lambda: PluginRef(name="max-score-picker"),
+        description="Turns total scores into a ranking.",
+    )
+
+    @model_validator(mode="after")
+    def _plugins_exist(self) -> PipelineConfig:
+        Pipeline(self)  # unknown names or bad params fail here, at config time
+        return self
 
 
 class Pipeline:
-    def __init__(self, weights: Mapping[str, float] | None = None) -> None:
-        weights = dict(DEFAULT_WEIGHTS if weights is None else weights)
-        validate_weights(weights)
-        self._scorers: list[tuple[Scorer, float]] = [
-            (PLUGINS[name](), w) for name, w in weights.items() if w > 0
+    def __init__(self, config: PipelineConfig) -> None:
+        self.filters = [make_plugin(r.name, "filter", r.params) for r in config.filters]
+        self.scorers = [
+            (make_plugin(r.name, "scorer", r.params), r.weight)
+            for r in config.scorers if r.weight > 0
         ]
+        self.picker = make_plugin(config.picker.name, "picker", config.picker.params)
 
     def rank(self, ctx: RequestContext) -> list[Candidate]:
-        cands = [c for c in ctx.candidates if c.ongoing < c.max_ongoing] or ctx.candidates
-        ctx.candidates = cands
-        totals = [0.0] * len(cands)
-        for scorer, weight in self._scorers:
+        for f in self.filters:
+            ctx.candidates = f.filter(ctx)
+        totals = [0.0] * len(ctx.candidates)
+        for scorer, weight in self.scorers:
             for i, s in enumerate(scorer.score(ctx)):
                 totals[i] += weight * s
-        order = sorted(
-            range(len(cands)),
-            key=lambda i: (-round(totals[i], 9), cands[i].ongoing, cands[i].routed, i),
-        )
-        return [cands[i] for i in order]
+        return self.picker.pick(ctx, totals)
+
+    def on_routed(self, ctx: RequestContext, chosen: Candidate) -> None:
+        """Lets stateful plugins learn from the decision actually taken."""
+        for plugin in [*self.filters, *(s for s, _ in self.scorers), self.picker]:
+            if hook := getattr(plugin, "on_routed", None):
+                hook(ctx, chosen)

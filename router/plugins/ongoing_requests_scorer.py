@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 from router.context import RequestContext
-from router.plugins.base import register
+from router.plugins.base import NoParams, register
 
 
-@register("ongoing-requests-scorer")
+@register("ongoing-requests-scorer", "scorer")
 class OngoingRequestsScorer:
-    name: ClassVar[str]
+    def __init__(self, params: NoParams) -> None:
+        self.params = params
 
     def score(self, ctx: RequestContext) -> list[float]:
         return [1.0 / (1.0 + c.ongoing) for c in ctx.candidates]

@@ -5,15 +5,14 @@ Reads the index's match info (engine-confirmed and in-flight routed blocks).
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 from router.context import RequestContext
-from router.plugins.base import register
+from router.plugins.base import NoParams, register
 
 
-@register("prefix-cache-scorer")
+@register("prefix-cache-scorer", "scorer")
 class PrefixCacheScorer:
-    name: ClassVar[str]
+    def __init__(self, params: NoParams) -> None:
+        self.params = params
 
     def score(self, ctx: RequestContext) -> list[float]:
         out = []

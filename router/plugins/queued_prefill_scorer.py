@@ -11,17 +11,16 @@ track the prefill backlog poorly. Score = best estimate / this estimate, in (0, 
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 from router.context import RequestContext
-from router.plugins.base import register
+from router.plugins.base import NoParams, register
 
 _FLOOR_S = 0.005  # decode/dispatch cost even with nothing to prefill
 
 
-@register("queued-prefill-scorer")
+@register("queued-prefill-scorer", "scorer")
 class QueuedPrefillScorer:
-    name: ClassVar[str]
+    def __init__(self, params: NoParams) -> None:
+        self.params = params
 
     def score(self, ctx: RequestContext) -> list[float]:
         est = [
