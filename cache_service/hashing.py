@@ -20,10 +20,10 @@ same values; ``tests/cache_service/test_hashing.py`` pins golden vectors. Never 
 layout without changing those vectors AND the Redis namespace, or routers and workers drift.
 
 Block size: ``DEFAULT_BLOCK_SIZE = 64``.
-  * Index size: a 32k-token prompt is 512 hashes at 64 (2048 at 16). Each hash is one Redis
-    key plus one reverse-set member per replica holding it, and one key in the single lookup
-    script. 64 keeps a lookup of the longest prompts to ~hundreds of keys and the Redis memory
-    to ~4x less than engine-granular (16) hashing.
+  * Index size: a 32k-token prompt is 512 hashes at 64 (2048 at 16). Each (block, replica)
+    is one Redis HASH field (~75 bytes) and one probe in the lookup script (~0.25 us), so 64
+    keeps the longest prompts' lookups around a millisecond and Redis memory 4x below
+    engine-granular (16) hashing: ~1.2 bytes of Redis per cached KV token and replica.
   * Precision: routing only needs to rank replicas; losing up to 63 tokens of a shared prefix
     (under 1 ms of prefill on a GPU, a few ms on CPU) does not change which replica is best.
     Chat prompts share system prompts / earlier turns that are hundreds to thousands of tokens.

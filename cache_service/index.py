@@ -60,7 +60,7 @@ class IndexSettings:
 
 @dataclass(frozen=True, slots=True)
 class IndexStats:
-    blocks: int  # (block, replica) entries; Redis: unexpired per reverse sets
+    blocks: int  # (block, replica) entries not yet deleted (expired ones await lazy sweeps)
     replicas: int  # live (model, replica) pairs known to the index
     backend: str  # "memory", "redis", "resilient(redis)", "resilient(memory-fallback)"
 

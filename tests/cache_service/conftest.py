@@ -52,7 +52,7 @@ IndexFactory = Callable[[IndexSettings], PrefixIndex]
 
 
 @pytest_asyncio.fixture(params=["memory", "redis"])
-async def make_index(request: pytest.FixtureRequest, redis_url: str) -> AsyncIterator[IndexFactory]:
+async def new_index(request: pytest.FixtureRequest, redis_url: str) -> AsyncIterator[IndexFactory]:
     """Builds an index of the parametrized backend; closes them all at teardown."""
     created: list[PrefixIndex] = []
 

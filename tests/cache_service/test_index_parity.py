@@ -30,9 +30,9 @@ WAIT = TTL + 0.25
 
 
 async def test_protocol_and_empty_inputs(
-    make_index: IndexFactory, settings_for: SettingsFor
+    new_index: IndexFactory, settings_for: SettingsFor
 ) -> None:
-    index = make_index(settings_for())
+    index = new_index(settings_for())
     assert isinstance(index, PrefixIndex)
     assert await index.lookup({}) == {}
     assert await index.lookup({"m1": []}) == {"m1": {}}
@@ -43,9 +43,9 @@ async def test_protocol_and_empty_inputs(
 
 
 async def test_longest_consecutive_leading_match(
-    make_index: IndexFactory, settings_for: SettingsFor
+    new_index: IndexFactory, settings_for: SettingsFor
 ) -> None:
-    index = make_index(settings_for())
+    index = new_index(settings_for())
     await index.apply_events(
         [
             BlockStored("m1", "full", tuple(CHAIN)),
@@ -63,9 +63,9 @@ async def test_longest_consecutive_leading_match(
 
 
 async def test_multiple_models_in_one_lookup(
-    make_index: IndexFactory, settings_for: SettingsFor
+    new_index: IndexFactory, settings_for: SettingsFor
 ) -> None:
-    index = make_index(settings_for())
+    index = new_index(settings_for())
     await index.apply_events([BlockStored("m1", "a", tuple(CHAIN[:6]))])
     await index.record_routed("m2", "a", OTHER[:2])  # same replica name, other model
     await index.record_routed("m2", "b", OTHER[:7])
@@ -76,9 +76,9 @@ async def test_multiple_models_in_one_lookup(
 
 
 async def test_routed_counts_at_once_then_expires(
-    make_index: IndexFactory, settings_for: SettingsFor
+    new_index: IndexFactory, settings_for: SettingsFor
 ) -> None:
-    index = make_index(settings_for(routed_ttl_s=TTL))
+    index = new_index(settings_for(routed_ttl_s=TTL))
     await index.record_routed("m1", "r1", CHAIN[:4])
     assert (await index.lookup({"m1": CHAIN}))["m1"] == {"r1": 4}
     await asyncio.sleep(WAIT)
@@ -86,9 +86,9 @@ async def test_routed_counts_at_once_then_expires(
 
 
 async def test_routed_write_never_shortens_stored(
-    make_index: IndexFactory, settings_for: SettingsFor
+    new_index: IndexFactory, settings_for: SettingsFor
 ) -> None:
-    index = make_index(settings_for(routed_ttl_s=TTL))
+    index = new_index(settings_for(routed_ttl_s=TTL))
     await index.apply_events([BlockStored("m1", "r1", tuple(CHAIN[:3]))])
     await index.record_routed("m1", "r1", CHAIN[:5])  # blocks 3-4 only in flight
     assert (await index.lookup({"m1": CHAIN}))["m1"] == {"r1": 5}
@@ -96,8 +96,8 @@ async def test_routed_write_never_shortens_stored(
     assert (await index.lookup({"m1": CHAIN}))["m1"] == {"r1": 3}
 
 
-async def test_stored_entries_expire(make_index: IndexFactory, settings_for: SettingsFor) -> None:
-    index = make_index(settings_for(routed_ttl_s=TTL / 2, stored_ttl_s=TTL))
+async def test_stored_entries_expire(new_index: IndexFactory, settings_for: SettingsFor) -> None:
+    index = new_index(settings_for(routed_ttl_s=TTL / 2, stored_ttl_s=TTL))
     await index.apply_events([BlockStored("m1", "r1", tuple(CHAIN))])
     assert (await index.lookup({"m1": CHAIN}))["m1"] == {"r1": 8}
     await asyncio.sleep(WAIT)
@@ -106,9 +106,9 @@ async def test_stored_entries_expire(make_index: IndexFactory, settings_for: Set
 
 
 async def test_removed_and_cleared_events(
-    make_index: IndexFactory, settings_for: SettingsFor
+    new_index: IndexFactory, settings_for: SettingsFor
 ) -> None:
-    index = make_index(settings_for())
+    index = new_index(settings_for())
     await index.apply_events(
         [
             BlockStored("m1", "r1", tuple(CHAIN)),
@@ -124,8 +124,8 @@ async def test_removed_and_cleared_events(
     assert (await index.stats()).blocks == 6 + 8
 
 
-async def test_events_apply_in_order(make_index: IndexFactory, settings_for: SettingsFor) -> None:
-    index = make_index(settings_for())
+async def test_events_apply_in_order(new_index: IndexFactory, settings_for: SettingsFor) -> None:
+    index = new_index(settings_for())
     await index.apply_events(
         [
             BlockStored("m1", "a", tuple(CHAIN)),
@@ -139,9 +139,9 @@ async def test_events_apply_in_order(make_index: IndexFactory, settings_for: Set
 
 
 async def test_dead_replica_hidden_then_purged(
-    make_index: IndexFactory, settings_for: SettingsFor
+    new_index: IndexFactory, settings_for: SettingsFor
 ) -> None:
-    index = make_index(settings_for(liveness_ttl_s=0.4))
+    index = new_index(settings_for(liveness_ttl_s=0.4))
     for replica in ("alive", "dying", "silent"):  # "silent" never heartbeats: live
         await index.apply_events([BlockStored("m1", replica, tuple(CHAIN[:4]))])
     await index.heartbeat("m1", "alive")
@@ -165,8 +165,8 @@ async def test_dead_replica_hidden_then_purged(
     assert (await index.lookup({"m1": CHAIN}))["m1"] == {"alive": 4, "silent": 4, "dying": 1}
 
 
-async def test_remove_replica_purges(make_index: IndexFactory, settings_for: SettingsFor) -> None:
-    index = make_index(settings_for())
+async def test_remove_replica_purges(new_index: IndexFactory, settings_for: SettingsFor) -> None:
+    index = new_index(settings_for())
     many = block_hashes(list(range(64 * 1500)), salt=1)  # > one purge chunk
     await index.apply_events(
         [BlockStored("m1", "r1", tuple(many)), BlockStored("m1", "r2", tuple(CHAIN))]
@@ -182,8 +182,8 @@ async def test_remove_replica_purges(make_index: IndexFactory, settings_for: Set
     await index.remove_replica("m1", "never-seen")  # no-op, no error
 
 
-async def test_stats_counts(make_index: IndexFactory, settings_for: SettingsFor) -> None:
-    index = make_index(settings_for())
+async def test_stats_counts(new_index: IndexFactory, settings_for: SettingsFor) -> None:
+    index = new_index(settings_for())
     await index.record_routed("m1", "a", CHAIN[:3])
     await index.record_routed("m1", "a", CHAIN[:5])  # re-routing the same blocks adds none
     await index.apply_events([BlockStored("m2", "a", tuple(OTHER[:2]))])
@@ -193,8 +193,8 @@ async def test_stats_counts(make_index: IndexFactory, settings_for: SettingsFor)
     assert stats.backend in ("memory", "redis")
 
 
-async def test_large_remove_and_clear(make_index: IndexFactory, settings_for: SettingsFor) -> None:
-    index = make_index(settings_for())
+async def test_large_remove_and_clear(new_index: IndexFactory, settings_for: SettingsFor) -> None:
+    index = new_index(settings_for())
     big = block_hashes(list(range(64 * 10_000)), salt=3)  # beyond Lua's unpack limit
     await index.apply_events(
         [BlockStored("m1", "a", tuple(big)), BlockStored("m1", "b", tuple(big))]

@@ -15,6 +15,7 @@ from cache_service import (
     BlockStored,
     IndexSettings,
     MemoryPrefixIndex,
+    PrefixIndex,
     RedisPrefixIndex,
     ResilientIndex,
     block_hashes,
@@ -136,7 +137,7 @@ async def test_all_calls_safe_without_redis(
 ) -> None:
     calls: list[str] = []
     index = make_index(f"redis://127.0.0.1:{unused_tcp_port}/0", settings_for(), calls.append)
-    assert isinstance(index, ResilientIndex)
+    assert isinstance(index, ResilientIndex) and isinstance(index, PrefixIndex)
     await index.heartbeat("m", "r1")
     await index.record_routed("m", "r1", H)
     await index.apply_events([BlockStored("m", "r2", tuple(H[:1]))])
