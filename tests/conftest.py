@@ -28,6 +28,12 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def serve_port() -> int:
+    """Serve's proxy keeps the port of the first ``serve.start`` for the whole session."""
+    return free_port()
+
+
+@pytest.fixture(scope="session")
 def ray_local() -> Iterator[None]:
     from deploy import runtime
 

@@ -14,14 +14,15 @@ import pytest
 import redis
 
 from deploy.config import IndexConfig, KvrouteConfig, ModelConfig, ServerConfig
-from tests.conftest import free_port
 
 pytestmark = pytest.mark.slow
 MODEL = "tiny-llama"
 
 
 @pytest.fixture(scope="module")
-def stack(ray_local: None, tiny_model_dir: Path, stack_redis: Any) -> Iterator[dict[str, Any]]:
+def stack(
+    ray_local: None, tiny_model_dir: Path, stack_redis: Any, serve_port: int
+) -> Iterator[dict[str, Any]]:
     from deploy import runtime
 
     redis_url = f"redis://{stack_redis.host}:{stack_redis.port}/0"
@@ -29,7 +30,7 @@ def stack(ray_local: None, tiny_model_dir: Path, stack_redis: Any) -> Iterator[d
         models=[ModelConfig(name=MODEL, engine="mlx", model_path=str(tiny_model_dir),
                             num_replicas=2, num_cpus=0.5)],
         index=IndexConfig(redis_url=redis_url),
-        server=ServerConfig(host="127.0.0.1", port=free_port()),
+        server=ServerConfig(host="127.0.0.1", port=serve_port),
     )
     url = runtime.deploy(cfg)
     runtime.wait_healthy(url, timeout_s=300)
