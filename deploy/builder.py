@@ -14,7 +14,9 @@ from ray.serve.config import AutoscalingConfig as ServeAutoscaling
 from ray.serve.config import RequestRouterConfig
 
 from deploy.config import IndexConfig, KvrouteConfig, ModelConfig
+from ops.tracing import tracing_env
 from router.ingress import Ingress
+from router.metrics_hub import MetricsHub
 from router.request_router import KvRequestRouter
 from workers.deployment import ModelWorker
 
@@ -36,7 +38,7 @@ def build_worker(m: ModelConfig, index: IndexConfig) -> Application:
     deployment = serve.deployment(ModelWorker).options(
         name=m.name,
         max_ongoing_requests=m.max_ongoing_requests,
-        ray_actor_options={"num_cpus": m.num_cpus, "num_gpus": m.num_gpus},
+        ray_actor_options=_actor_options(m.num_cpus, m.num_gpus),
         request_router_config=RequestRouterConfig(
             request_router_class=KvRequestRouter, request_routing_stats_period_s=1.0,
         ),
@@ -47,15 +49,25 @@ def build_worker(m: ModelConfig, index: IndexConfig) -> Application:
     return deployment.bind(m.model_dump(), index.model_dump())
 
 
+def _actor_options(num_cpus: float, num_gpus: float = 0.0) -> dict[str, Any]:
+    opts: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus}
+    if env := tracing_env():  # replicas on other nodes do not inherit the driver's env
+        opts["runtime_env"] = {"env_vars": env}
+    return opts
+
+
 def build_app(config: KvrouteConfig) -> Application:
     workers = {m.name: build_worker(m, config.index) for m in config.models}
+    hub = serve.deployment(MetricsHub).options(
+        name="kvroute-metrics", num_replicas=1, ray_actor_options={"num_cpus": 0},
+    ).bind()
     ingress = serve.deployment(Ingress).options(
         name=ROUTER_DEPLOYMENT,
         num_replicas=config.router.replicas,
         max_ongoing_requests=1024,
-        ray_actor_options={"num_cpus": config.router.num_cpus},
+        ray_actor_options=_actor_options(config.router.num_cpus),
     )
-    return ingress.bind(config.model_dump(), workers)
+    return ingress.bind(config.model_dump(), workers, hub)
 
 
 def app_builder(args: dict[str, Any]) -> Application:

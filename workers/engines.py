@@ -32,7 +32,13 @@ def _sim(cfg: ModelConfig, replica: str, block_size: int) -> Engine:
     return SimEngine(cfg.name, replica, block_size, params)
 
 
-ENGINES: dict[str, EngineFactory] = {"mlx": _mlx, "sim": _sim}
+def _vllm(cfg: ModelConfig, replica: str, block_size: int) -> Engine:
+    from workers.vllm_engine import VllmEngine  # imports vllm lazily, in start()
+
+    return VllmEngine(cfg.model_path, cfg.name, replica, block_size, cfg.engine_kwargs)
+
+
+ENGINES: dict[str, EngineFactory] = {"mlx": _mlx, "sim": _sim, "vllm": _vllm}
 
 
 def make_engine(cfg: ModelConfig, replica: str, block_size: int) -> Engine:
