@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,8 @@ from cache_service import IndexSettings, make_index
 from cache_service.hashing import block_hashes, model_salt
 from cache_service.index import PrefixIndex
 from deploy.config import KvrouteConfig, ModelConfig
+from ops import tracing
+from router import metrics, telemetry
 from router.context import Candidate, RequestContext
 from router.errors import ApiError
 from router.load import LoadTracker, Ticket
@@ -46,6 +49,7 @@ class Generation:
     _rest: DeploymentResponseGenerator
     _core: RouterCore
     _ticket: Ticket
+    _info: telemetry.RequestInfo
     final: dict[str, Any] | None = None
     _closed: bool = field(default=False)
 
@@ -53,15 +57,25 @@ class Generation:
         try:
             msg: dict[str, Any] | None = self.first
             while msg is not None:
-                if "text" in msg:
-                    self._core.loads.first_token(self._ticket)
+                self._observe(msg)
                 if "finish_reason" in msg:
                     self.final = msg
                     await self._core.on_final(self.model, msg)
                 yield msg
                 msg = None if self.final else await anext(self._rest, None)
+        except Exception:
+            self._info.failed = True
+            raise
         finally:
             self.close()
+
+    def _observe(self, msg: dict[str, Any]) -> None:
+        if "text" in msg or "finish_reason" in msg:
+            self._core.loads.first_token(self._ticket)
+            if self._info.first_token_at is None:
+                self._info.first_token_at = time.monotonic()
+        if "finish_reason" in msg:
+            telemetry.record_usage(self._info, msg, self.predicted_cached_tokens)
 
     def close(self) -> None:
         if not self._closed:
@@ -82,11 +96,16 @@ class RouterCore:
         self.index: PrefixIndex = make_index(idx.redis_url, IndexSettings(
             namespace=idx.namespace, routed_ttl_s=idx.routed_ttl_s,
             stored_ttl_s=idx.stored_ttl_s, liveness_ttl_s=idx.liveness_ttl_s,
-        ))
+        ), on_error=lambda op: metrics.INDEX_ERRORS.labels(op).inc())
         self.pipeline = Pipeline(config.router.routing())
         self.loads = LoadTracker()
         self._known: dict[str, set[str]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+
+    def tokenizer(self, model: str) -> ChatTokenizer:
+        if model not in self.tokenizers:
+            raise ApiError(404, f"model {model!r} does not exist", "model_not_found", "model")
+        return self.tokenizers[model]
 
     def ready(self) -> dict[str, int]:
         return {name: len(replica_view(name)) for name in self.models}
@@ -95,29 +114,49 @@ class RouterCore:
         self, model: str, token_ids: list[int], sampling: dict[str, Any], request_id: str,
         headers: Mapping[str, str] | None = None, session_id: str | None = None,
     ) -> Generation:
+        info = telemetry.current()
+        info.model = model
+        started = time.perf_counter()
         hashes = block_hashes(token_ids, self.config.index.block_size, self._salts[model])
-        match = await self.index.lookup({model: hashes})
+        with telemetry.TRACER.start_as_current_span("index.lookup") as span:
+            match = await self.index.lookup({model: hashes})
+            span.set_attribute("kvroute.blocks", len(hashes))
+        metrics.LOOKUP.observe(time.perf_counter() - started)
         ctx = RequestContext(
             request_id, {model: len(token_ids)}, {model: hashes},
             self.config.index.block_size, await self._candidates(model, match.get(model, {})),
             headers or {}, session_id,
         )
-        ranked = self.pipeline.rank(ctx)
-        if ranked:
-            self.pipeline.on_routed(ctx, ranked[0])
+        with telemetry.TRACER.start_as_current_span("route"):
+            ranked = self.pipeline.rank(ctx)
+            if ranked:
+                self.pipeline.on_routed(ctx, ranked[0])
+        metrics.ROUTE.observe(time.perf_counter() - started)
         payload = {"request_id": request_id, "token_ids": token_ids, "sampling": sampling}
+        return await self._dispatch_with_retries(model, ranked, ctx, hashes, payload, info)
+
+    async def _dispatch_with_retries(
+        self, model: str, ranked: list[Candidate], ctx: RequestContext, hashes: list[int],
+        payload: dict[str, Any], info: telemetry.RequestInfo,
+    ) -> Generation:
         failed: set[str] = set()
-        for _attempt in range(self.config.router.max_retries + 1):
-            order = [c for c in ranked if c.replica not in failed] or ranked
-            gen = await self._dispatch(model, order, ctx, hashes, payload)
-            if gen is not None:
-                return gen
-            failed.add(order[0].replica)
+        with telemetry.TRACER.start_as_current_span("dispatch") as span:
+            payload["trace"] = tracing.inject()  # the worker's spans join this trace
+            for attempt in range(self.config.router.max_retries + 1):
+                order = [c for c in ranked if c.replica not in failed] or ranked
+                gen = await self._dispatch(model, order, ctx, hashes, payload, info)
+                if gen is not None:
+                    span.set_attribute("kvroute.replica", gen.replica)
+                    span.set_attribute("kvroute.retry", attempt)
+                    return gen
+                failed.add(order[0].replica)
+                metrics.RETRIES.labels(model).inc()
+        info.failed = True
         raise ApiError(503, f"no replica of {model!r} could take the request", "no_replica")
 
     async def _dispatch(
         self, model: str, order: list[Candidate], ctx: RequestContext,
-        hashes: list[int], payload: dict[str, Any],
+        hashes: list[int], payload: dict[str, Any], info: telemetry.RequestInfo,
     ) -> Generation | None:
         target = order[0]
         ticket = self.loads.begin(model, target.replica, ctx.uncached(target))
@@ -138,7 +177,7 @@ class RouterCore:
             ticket = self.loads.begin(model, actual, ctx.uncached(target))
         return Generation(
             model, actual, target.matched_tokens, len(payload["token_ids"]),
-            first, resp, self, ticket,
+            first, resp, self, ticket, info,
         )
 
     async def _candidates(self, model: str, matches: Mapping[str, int]) -> list[Candidate]:
@@ -170,9 +209,18 @@ class RouterCore:
         """Purge replicas Serve removed; forget their load. Runs every second."""
         live: set[tuple[str, str]] = set()
         for model in self.models:
-            now = {info.replica for info in replica_view(model)}
+            view = replica_view(model)
+            for info in view:
+                metrics.ONGOING.labels(model, info.replica).set(
+                    info.stats.get("ongoing_requests", 0))
+                metrics.QUEUED.labels(model, info.replica).set(
+                    info.stats.get("queued_prefill_tokens", 0))
+            now = {info.replica for info in view}
             for gone in self._known.get(model, set()) - now:
                 await self.index.remove_replica(model, gone)
+                with contextlib.suppress(KeyError):
+                    metrics.ONGOING.remove(model, gone)
+                    metrics.QUEUED.remove(model, gone)
             self._known[model] = now
             live |= {(model, r) for r in now}
         self.loads.forget(live)

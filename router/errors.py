@@ -10,6 +10,7 @@ _OPENAI_TYPES = {
     404: "not_found_error",
     413: "invalid_request_error",
     429: "rate_limit_error",
+    500: "api_error",
     503: "service_unavailable",
 }
 
@@ -24,6 +25,37 @@ class ApiError(Exception):
         self.retry_after_s = retry_after_s
 
 
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+}
+
+
+def _headers(err: ApiError) -> dict[str, str]:
+    if err.retry_after_s is None:
+        return {}
+    return {"retry-after": str(max(1, round(err.retry_after_s)))}
+
+
+def anthropic_error(err: ApiError) -> JSONResponse:
+    body = {
+        "type": "error",
+        "error": {"type": _ANTHROPIC_TYPES.get(err.status, "api_error"), "message": err.message},
+    }
+    return JSONResponse(body, status_code=err.status, headers=_headers(err))
+
+
+def error_response(err: ApiError, path: str) -> JSONResponse:
+    """The API's own error shape: Anthropic's on /v1/messages*, OpenAI's elsewhere."""
+    return anthropic_error(err) if path.startswith("/v1/messages") else openai_error(err)
+
+
 def openai_error(err: ApiError) -> JSONResponse:
     body = {
         "error": {
@@ -33,7 +65,4 @@ def openai_error(err: ApiError) -> JSONResponse:
             "code": err.code,
         }
     }
-    headers = {}
-    if err.retry_after_s is not None:
-        headers["retry-after"] = str(max(1, round(err.retry_after_s)))
-    return JSONResponse(body, status_code=err.status, headers=headers)
+    return JSONResponse(body, status_code=err.status, headers=_headers(err))

@@ -16,15 +16,16 @@ from ray import serve
 
 from cache_service import IndexSettings, make_index
 from deploy.config import IndexConfig, ModelConfig
+from ops.tracing import setup_tracing, shutdown_tracing
 from workers.engines import make_engine
 from workers.protocol import Finished, GenerateRequest, SamplingParams
 from workers.publisher import IndexPublisher, to_wire
+from workers.spans import GenerationSpans
 
 log = logging.getLogger(__name__)
-
-
 class ModelWorker:
     async def __init__(self, model: dict[str, Any], index: dict[str, Any]) -> None:
+        setup_tracing("kvroute-worker")
         self._cfg = ModelConfig.model_validate(model)
         idx = IndexConfig.model_validate(index)
         self._replica = serve.get_replica_context().replica_id.unique_id
@@ -50,11 +51,21 @@ class ModelWorker:
             token_ids=[int(t) for t in request["token_ids"]],
             sampling=SamplingParams(**request.get("sampling", {})),
         )
-        async for item in self._engine.generate(req):
-            if isinstance(item, Finished):
-                yield self._final(item)
-            else:
-                yield {"replica": self._replica, "text": item.text, "n": len(item.token_ids)}
+        spans = GenerationSpans(request.get("trace"), {
+            "gen_ai.request.model": self._cfg.name, "kvroute.replica": self._replica,
+            "gen_ai.usage.input_tokens": len(req.token_ids),
+        })
+        final: dict[str, Any] | None = None
+        try:
+            async for item in self._engine.generate(req):
+                spans.first_token()
+                if isinstance(item, Finished):
+                    final = self._final(item)
+                    yield final
+                else:
+                    yield {"replica": self._replica, "text": item.text, "n": len(item.token_ids)}
+        finally:
+            spans.finish(final["usage"] if final else None, error=final is None)
 
     def _final(self, item: Finished) -> dict[str, Any]:
         u = item.usage
@@ -90,3 +101,4 @@ class ModelWorker:
         if self._publisher is not None:
             await self._publisher.stop()
         await self._engine.shutdown()
+        shutdown_tracing()

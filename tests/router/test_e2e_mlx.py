@@ -144,3 +144,33 @@ def test_redis_index_holds_entries(stack: dict[str, Any], tiny_model_dir: Path) 
     assert match.get(headers["x-kvroute-replica"]) == len(hashes), match
     keys = [k.decode() for k in redis.Redis.from_url(stack["redis_url"]).scan_iter(count=1000)]
     assert keys and all("kvroute" in k for k in keys)
+
+
+@pytest.mark.parametrize(("path", "body", "status", "code"), [
+    ("/v1/chat/completions", b"{not json", 400, "invalid_json"),
+    ("/v1/chat/completions", b'{"model": "tiny-llama"}', 400, "invalid_request"),
+    ("/v1/chat/completions", b'{"model": "tiny-llama", "messages": []}', 400, "invalid_request"),
+    ("/v1/chat/completions",
+     b'{"model": "tiny-llama", "messages": [{"role": "user", "content": "x"}], "max_tokens": -1}',
+     400, "invalid_request"),
+    ("/v1/chat/completions",
+     b'{"model": "tiny-llama", "messages": [{"role": "user", "content": "x"}], "temperature": 9}',
+     400, "invalid_request"),
+    ("/v1/chat/completions",
+     b'{"model": "nope", "messages": [{"role": "user", "content": "x"}]}', 404, "model_not_found"),
+    ("/v1/chat/completions",
+     b'{"model": "tiny-llama", "messages": [{"role": "user", "content": "x"}], '
+     b'"max_tokens": 10000000}', 413, "context_length_exceeded"),
+    ("/v1/completions", b'{"model": "tiny-llama", "prompt": [1, 99999]}', 400,
+     "invalid_token_ids"),
+    ("/v1/completions", b'{"model": "tiny-llama", "prompt": []}', 400, "empty_prompt"),
+    ("/v1/chat/completions", b"\xff\xfe\x00garbage", 400, "invalid_json"),
+])
+def test_bad_requests_get_openai_errors(
+    stack: dict[str, Any], path: str, body: bytes, status: int, code: str
+) -> None:
+    r = httpx.post(f"{stack['url']}{path}", content=body,
+                   headers={"content-type": "application/json"}, timeout=30)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["code"] == code and err["message"] and err["type"]

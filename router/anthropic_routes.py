@@ -1,0 +1,141 @@
+"""The Anthropic Messages endpoints: POST /v1/messages and /v1/messages/count_tokens.
+
+One request: parse (``router.anthropic_schema``) → normalise into the chat
+template's input (``router.normalize``) → render and tokenize once → check the
+context → ``RouterCore.generate`` → parse tool calls from the output
+(``router.tool_calls``) → reply as a message or as SSE (``router.anthropic_api``).
+
+Choices (see docs/api.md):
+
+- ``max_tokens`` is required, as in Anthropic's API. It is an upper bound: when
+  prompt + ``max_tokens`` overflow the model's context it is cut down to fit
+  (Claude Code asks for 32000 on every turn), and a reply that hits the cut
+  stops with ``model_context_window_exceeded``. A prompt that alone fills the
+  context is a 413 ``prompt is too long: N tokens > M maximum``, before any worker.
+- ``temperature`` defaults to 1.0 (Anthropic's default); ``top_k`` is accepted
+  and not applied; ``thinking`` is accepted and ignored.
+- ``tool_choice``: ``auto`` (the default), ``any`` and ``tool`` render the
+  tools and parse calls (decoding is not constrained, so ``any``/``tool`` are not
+  enforced); ``none`` still renders the tools (the prompt, and so the cache, is
+  the same as with ``auto``) but tool calls are not parsed: any call markup the
+  model writes comes back as text. ``disable_parallel_tool_use`` keeps the first call.
+- Session: the ``x-session-id`` header, else ``metadata.user_id``.
+- A client that disconnects closes the generation, which aborts it on the worker.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from router import anthropic_api as aa
+from router import tool_calls as tc
+from router.anthropic_schema import CountTokensRequest, MessagesRequest
+from router.core import Generation, RouterCore
+from router.errors import ApiError
+from router.http_util import output_budget, parse_body, request_id, routing_headers, sampling
+from router.normalize import ChatPrompt, to_chat
+from router.tokenization import ChatTokenizer, TemplateRenderError
+
+log = logging.getLogger(__name__)
+DEFAULT_TEMPERATURE = 1.0
+
+
+async def messages(core: RouterCore, request: Request) -> Response:
+    req = await parse_body(request, MessagesRequest)
+    tok = core.tokenizer(req.model)
+    ids = _encode(tok, to_chat(req))
+    budget, bound = _budget(core, req.model, len(ids), req.max_tokens)
+    params = sampling(
+        budget, DEFAULT_TEMPERATURE if req.temperature is None else req.temperature,
+        req.top_p, tuple(req.stop_sequences or ()), None,
+    )
+    rid = request_id("msg")
+    session = req.session_id(request.headers.get("x-session-id"))
+    gen = await core.generate(req.model, ids, params, rid, request.headers, session)
+    headers = {**routing_headers(gen), "request-id": rid}
+    reply = _Reply(gen, req, _parser(core, req), bound)
+    if req.stream:
+        return StreamingResponse(reply.stream(), media_type="text/event-stream",
+                                 headers={**headers, "cache-control": "no-cache"})
+    return JSONResponse(await reply.collect(), headers=headers)
+
+
+async def count_tokens(core: RouterCore, request: Request) -> Response:
+    req = await parse_body(request, CountTokensRequest)
+    tok = core.tokenizer(req.model)
+    return JSONResponse({"input_tokens": len(_encode(tok, to_chat(req)))})
+
+
+def _encode(tok: ChatTokenizer, prompt: ChatPrompt) -> list[int]:
+    try:
+        text = tok.render(prompt.messages, tools=prompt.tools)
+    except TemplateRenderError as e:
+        raise ApiError(400, str(e), "invalid_messages", "messages") from None
+    return tok.encode(text + (prompt.prefill or ""))
+
+
+def _budget(core: RouterCore, model: str, prompt_len: int, max_tokens: int) -> tuple[int, bool]:
+    """(output limit, whether it was cut to fit the context); 413 if nothing fits."""
+    window = core.models[model].context_window
+    room = window - prompt_len
+    if room <= 0:
+        raise ApiError(413, f"prompt is too long: {prompt_len} tokens > {window - 1} maximum",
+                       "context_length_exceeded", "messages")
+    return output_budget(core, model, prompt_len, min(max_tokens, room)), max_tokens > room
+
+
+def _parser(core: RouterCore, req: MessagesRequest) -> tc.MarkerParser | None:
+    if not req.tools or (req.tool_choice and req.tool_choice.type == "none"):
+        return None
+    return tc.make_parser(tc.family_for_model(core.models[req.model].model_path))
+
+
+class _Reply:
+    """One generation turned into an Anthropic message, whole or streamed."""
+
+    def __init__(self, gen: Generation, req: MessagesRequest, parser: tc.MarkerParser | None,
+                 context_bound: bool) -> None:
+        self.gen, self.req, self.parser, self.bound = gen, req, parser, context_bound
+        single = bool(req.tool_choice and req.tool_choice.disable_parallel_tool_use)
+        self.blocks = aa.Blocks(single_tool=single)
+        self.mid = aa.new_id("msg_")
+
+    def _end(self) -> tuple[str, str | None, dict[str, int]]:
+        reason, seq = aa.stop_reason(self.gen.final, self.blocks.tool_calls > 0, self.bound)
+        return reason, seq, aa.usage(self.gen.final, self.gen.prompt_tokens)
+
+    async def collect(self) -> dict:
+        try:
+            async for ev in tc.events(self.gen.messages(), self.parser):
+                self.blocks.add(ev)
+        except Exception as e:  # the replica failed mid-generation: retryable for the client
+            log.warning("generation %s failed: %r", self.mid, e)
+            raise ApiError(503, f"generation failed on replica {self.gen.replica}",
+                           "replica_failed") from None
+        finally:
+            self.gen.close()
+        self.blocks.finish()
+        reason, seq, use = self._end()
+        return aa.message(self.mid, self.req.model, self.blocks.content, reason, seq, use)
+
+    async def stream(self) -> AsyncIterator[bytes]:
+        yield aa.message_start(self.mid, self.req.model, self.gen.prompt_tokens)
+        yield aa.ping()
+        try:
+            async for ev in tc.events(self.gen.messages(), self.parser):
+                for chunk in self.blocks.add(ev):
+                    yield chunk
+            for chunk in self.blocks.finish():
+                yield chunk
+            reason, seq, use = self._end()
+            yield aa.message_delta(reason, seq, use)
+            yield aa.message_stop()
+        except Exception as e:  # a replica died mid-stream: an error event ends the stream
+            log.warning("stream %s failed: %r", self.mid, e)
+            yield aa.error_event("api_error", f"generation failed on replica {self.gen.replica}")
+        finally:
+            self.gen.close()  # also on client disconnect: aborts the worker's generation

@@ -1,0 +1,69 @@
+"""Request plumbing shared by the OpenAI and Anthropic front ends."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any, TypeVar
+
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+from ray import serve
+
+from router.core import Generation, RouterCore
+from router.errors import ApiError
+
+MAX_BODY_BYTES = 32 << 20
+M = TypeVar("M", bound=BaseModel)
+
+
+async def parse_body(request: Request, schema: type[M]) -> M:
+    """JSON body → pydantic model; every failure is a 400/413 ``ApiError``."""
+    body = await request.body()
+    if len(body) > MAX_BODY_BYTES:
+        raise ApiError(413, f"request body over {MAX_BODY_BYTES} bytes", "body_too_large")
+    try:
+        return schema.model_validate(json.loads(body))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise ApiError(400, f"body is not valid JSON: {e}", "invalid_json") from None
+    except ValidationError as e:
+        first = e.errors()[0]
+        param = ".".join(str(p) for p in first.get("loc", ()))
+        raise ApiError(400, f"{param}: {first.get('msg')}", "invalid_request", param) from None
+
+
+def request_id(prefix: str) -> str:
+    """Serve's request id, so the body id, logs and the x-request-id header agree."""
+    rid = serve.context._get_serve_request_context().request_id  # noqa: SLF001
+    return rid or f"{prefix}-{uuid.uuid4().hex}"
+
+
+def routing_headers(gen: Generation) -> dict[str, str]:
+    # Serve itself echoes x-request-id (the client's, or its own).
+    return {
+        "x-kvroute-model": gen.model,
+        "x-kvroute-replica": gen.replica,
+        "x-kvroute-predicted-cached-tokens": str(gen.predicted_cached_tokens),
+    }
+
+
+def output_budget(core: RouterCore, model: str, prompt_len: int, limit: int | None) -> int:
+    """The max_tokens to use; 413 if the prompt plus the limit overflow the context."""
+    cfg = core.models[model]
+    room = cfg.context_window - prompt_len
+    if room <= 0 or (limit is not None and limit > room):
+        raise ApiError(413, f"prompt ({prompt_len} tokens) plus max_tokens ({limit}) exceed "
+                       f"the context window of {model} ({cfg.context_window})",
+                       "context_length_exceeded", "messages")
+    return limit or min(cfg.default_max_tokens, room)
+
+
+def sampling(max_tokens: int, temperature: float | None, top_p: float | None,
+             stop: tuple[str, ...], seed: int | None) -> dict[str, Any]:
+    return {
+        "max_tokens": max_tokens,
+        "temperature": 0.0 if temperature is None else temperature,
+        "top_p": 1.0 if top_p is None else top_p,
+        "stop": stop,
+        "seed": seed,
+    }

@@ -1,0 +1,43 @@
+"""The router's Prometheus metrics (names fixed by ARCHITECTURE.md).
+
+Each router replica records into its own registry; ``router.metrics_hub``
+merges every replica's samples so ``GET /metrics`` on any replica covers all.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+_LAT = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_FAST = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
+
+TTFT = Histogram("kvroute_ttft_seconds", "Time to first token", ["model"], buckets=_LAT,
+                 registry=REGISTRY)
+TPOT = Histogram("kvroute_tpot_seconds", "Time per output token after the first", ["model"],
+                 buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1),
+                 registry=REGISTRY)
+E2E = Histogram("kvroute_e2e_seconds", "Request latency, end to end", ["model"], buckets=_LAT,
+                registry=REGISTRY)
+ROUTE = Histogram("kvroute_route_decision_seconds", "Index lookup plus pipeline", buckets=_FAST,
+                  registry=REGISTRY)
+LOOKUP = Histogram("kvroute_index_lookup_seconds", "Prefix index lookup", buckets=_FAST,
+                   registry=REGISTRY)
+PLUGIN = Histogram("kvroute_plugin_seconds", "Time in each routing plugin", ["plugin"],
+                   buckets=_FAST, registry=REGISTRY)
+REQUESTS = Counter("kvroute_requests", "Routed requests by outcome", ["model", "status"],
+                   registry=REGISTRY)
+PROMPT_TOKENS = Counter("kvroute_prompt_tokens", "Prompt tokens", ["model"], registry=REGISTRY)
+CACHED_TOKENS = Counter("kvroute_cached_tokens", "Prompt tokens the engine served from cache",
+                        ["model"], registry=REGISTRY)
+PREDICTED_TOKENS = Counter("kvroute_predicted_cached_tokens",
+                           "Prompt tokens the router predicted cached", ["model"],
+                           registry=REGISTRY)
+INDEX_ERRORS = Counter("kvroute_index_errors", "Prefix index calls that failed", ["op"],
+                       registry=REGISTRY)
+RETRIES = Counter("kvroute_retries", "Dispatches retried on another replica", ["model"],
+                  registry=REGISTRY)
+ONGOING = Gauge("kvroute_replica_ongoing_requests", "Requests in flight per replica",
+                ["model", "replica"], registry=REGISTRY)
+QUEUED = Gauge("kvroute_replica_queued_prefill_tokens", "Prefill tokens queued per replica",
+               ["model", "replica"], registry=REGISTRY)
