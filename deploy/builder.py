@@ -34,6 +34,10 @@ def _scaling(m: ModelConfig) -> dict[str, Any]:
     )}
 
 
+def _spread(max_per_node: int | None) -> dict[str, Any]:
+    return {} if max_per_node is None else {"max_replicas_per_node": max_per_node}
+
+
 def build_worker(m: ModelConfig, index: IndexConfig) -> Application:
     deployment = serve.deployment(ModelWorker).options(
         name=m.name,
@@ -45,6 +49,7 @@ def build_worker(m: ModelConfig, index: IndexConfig) -> Application:
         health_check_period_s=5.0,
         graceful_shutdown_timeout_s=30.0,
         **_scaling(m),
+        **_spread(m.max_replicas_per_node),
     )
     return deployment.bind(m.model_dump(), index.model_dump())
 
@@ -66,6 +71,7 @@ def build_app(config: KvrouteConfig) -> Application:
         num_replicas=config.router.replicas,
         max_ongoing_requests=1024,
         ray_actor_options=_actor_options(config.router.num_cpus),
+        **_spread(config.router.max_replicas_per_node),
     )
     return ingress.bind(config.model_dump(), workers, hub)
 

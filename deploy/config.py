@@ -57,6 +57,9 @@ class ModelConfig(_Strict):
     )
     num_cpus: float = Field(1.0, ge=0, description="CPUs reserved per replica.")
     num_gpus: float = Field(0.0, ge=0, description="GPUs reserved per replica.")
+    max_replicas_per_node: int | None = Field(
+        None, ge=1, description="Spread replicas: at most this many on one node."
+    )
     context_window: int = Field(32768, ge=16, description="Max prompt + output tokens.")
     default_max_tokens: int = Field(
         1024, ge=1, description="Output limit when a request sets none (capped by context)."
@@ -90,6 +93,9 @@ class IndexConfig(_Strict):
 class RouterConfig(_Strict):
     replicas: int = Field(1, ge=1, description="Router ingress replicas.")
     num_cpus: float = Field(0.0, ge=0, description="CPUs reserved per router replica.")
+    max_replicas_per_node: int | None = Field(
+        None, ge=1, description="Spread router replicas: at most this many on one node."
+    )
     prefill_tokens_per_s: float = Field(
         4000.0, gt=0, description="Initial per-replica prefill rate before one is learned."
     )

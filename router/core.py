@@ -43,6 +43,7 @@ class Generation:
 
     model: str
     replica: str
+    router: str
     predicted_cached_tokens: int
     prompt_tokens: int
     first: dict[str, Any]
@@ -100,6 +101,7 @@ class RouterCore:
         self.pipeline = Pipeline(config.router.routing())
         self.loads = LoadTracker()
         self._known: dict[str, set[str]] = {}
+        self.router_id = ""  # this router replica, for the x-kvroute-router header
         self._tasks: set[asyncio.Task[Any]] = set()
 
     def tokenizer(self, model: str) -> ChatTokenizer:
@@ -176,7 +178,7 @@ class RouterCore:
             target = next((c for c in order if c.replica == actual), Candidate(model, actual))
             ticket = self.loads.begin(model, actual, ctx.uncached(target))
         return Generation(
-            model, actual, target.matched_tokens, len(payload["token_ids"]),
+            model, actual, self.router_id, target.matched_tokens, len(payload["token_ids"]),
             first, resp, self, ticket, info,
         )
 

@@ -41,6 +41,7 @@ def request_id(prefix: str) -> str:
 def routing_headers(gen: Generation) -> dict[str, str]:
     # Serve itself echoes x-request-id (the client's, or its own).
     return {
+        "x-kvroute-router": gen.router,
         "x-kvroute-model": gen.model,
         "x-kvroute-replica": gen.replica,
         "x-kvroute-predicted-cached-tokens": str(gen.predicted_cached_tokens),

@@ -73,6 +73,7 @@ class Ingress:
         self._hub = metrics_hub
         self._replica = serve.get_replica_context().replica_id.unique_id
         self._core = RouterCore(self._config, handles)
+        self._core.router_id = self._replica
         self._maintainer = asyncio.get_running_loop().create_task(self._maintain())
 
     async def _maintain(self) -> None:
