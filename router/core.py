@@ -109,6 +109,13 @@ class RouterCore:
             raise ApiError(404, f"model {model!r} does not exist", "model_not_found", "model")
         return self.tokenizers[model]
 
+    def replica_stats(self) -> dict[str, list[dict[str, Any]]]:
+        return {
+            name: [{"replica": i.replica, "max_ongoing_requests": i.max_ongoing_requests, **i.stats}
+                   for i in replica_view(name)]
+            for name in self.models
+        }
+
     def ready(self) -> dict[str, int]:
         return {name: len(replica_view(name)) for name in self.models}
 

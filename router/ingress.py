@@ -14,6 +14,7 @@ import inspect
 import logging
 from typing import Any
 
+import ray
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -91,6 +92,14 @@ class Ingress:
         ok = all(n > 0 for n in ready.values())
         return JSONResponse({"status": "ok" if ok else "unavailable", "replicas": ready},
                             status_code=200 if ok else 503)
+
+    @app.get("/kvroute/replicas")
+    async def replicas(self) -> dict[str, Any]:
+        """This router replica and every worker replica it sees, with their load."""
+        return {
+            "router": {"replica": self._replica, "node": ray.get_runtime_context().get_node_id()},
+            "models": self._core.replica_stats(),
+        }
 
     @app.get("/metrics")
     async def metrics(self) -> Response:

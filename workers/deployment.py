@@ -12,6 +12,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+import ray
 from ray import serve
 
 from cache_service import IndexSettings, make_index
@@ -29,6 +30,7 @@ class ModelWorker:
         self._cfg = ModelConfig.model_validate(model)
         idx = IndexConfig.model_validate(index)
         self._replica = serve.get_replica_context().replica_id.unique_id
+        self._node = ray.get_runtime_context().get_node_id()
         self._engine = make_engine(self._cfg, self._replica, idx.block_size)
         await self._engine.start()
         self._publisher: IndexPublisher | None = None
@@ -86,6 +88,7 @@ class ModelWorker:
         stats = self._engine.load()
         return {
             "replica": self._replica,
+            "node": self._node,
             "ongoing_requests": stats.ongoing_requests,
             "queued_prefill_tokens": stats.queued_prefill_tokens,
             "kv_usage": stats.kv_usage,
