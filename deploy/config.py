@@ -61,6 +61,10 @@ class ModelConfig(_Strict):
         None, ge=1, description="Spread replicas: at most this many on one node."
     )
     context_window: int = Field(32768, ge=16, description="Max prompt + output tokens.")
+    direct_http: bool = Field(
+        False, description="Also serve each replica's own OpenAI endpoint on 127.0.0.1 "
+        "(bypassing the router), e.g. to benchmark other routers over the same replicas.",
+    )
     default_max_tokens: int = Field(
         1024, ge=1, description="Output limit when a request sets none (capped by context)."
     )

@@ -18,6 +18,7 @@ from ray import serve
 from cache_service import IndexSettings, make_index
 from deploy.config import IndexConfig, ModelConfig
 from ops.tracing import setup_tracing, shutdown_tracing
+from workers.direct_http import DirectHttp
 from workers.engines import make_engine
 from workers.protocol import Finished, GenerateRequest, SamplingParams
 from workers.publisher import IndexPublisher, to_wire
@@ -42,6 +43,10 @@ class ModelWorker:
             index = make_index(idx.redis_url, settings)
             self._publisher = IndexPublisher(self._engine, index, self._cfg.name, self._replica)
             self._publisher.start()
+        self._direct: DirectHttp | None = None
+        if self._cfg.direct_http:
+            self._direct = DirectHttp(self._cfg.name, self._cfg.model_path, self.generate)
+            await self._direct.start()
         log.info("worker %s/%s ready (%s)", self._cfg.name, self._replica, self._cfg.engine)
 
     async def generate(
@@ -89,6 +94,7 @@ class ModelWorker:
         return {
             "replica": self._replica,
             "node": self._node,
+            "http": self._direct.address if self._direct else None,
             "ongoing_requests": stats.ongoing_requests,
             "queued_prefill_tokens": stats.queued_prefill_tokens,
             "kv_usage": stats.kv_usage,
@@ -101,6 +107,8 @@ class ModelWorker:
         await self._engine.check_health()
 
     async def __del__(self) -> None:
+        if self._direct is not None:
+            await self._direct.stop()
         if self._publisher is not None:
             await self._publisher.stop()
         await self._engine.shutdown()
