@@ -42,6 +42,7 @@ def build_worker(m: ModelConfig, index: IndexConfig) -> Application:
     deployment = serve.deployment(ModelWorker).options(
         name=m.name,
         max_ongoing_requests=m.max_ongoing_requests,
+        max_queued_requests=m.max_queued_requests,
         ray_actor_options=_actor_options(m.num_cpus, m.num_gpus),
         request_router_config=RequestRouterConfig(
             request_router_class=KvRequestRouter, request_routing_stats_period_s=1.0,

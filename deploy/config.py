@@ -53,7 +53,11 @@ class ModelConfig(_Strict):
     )
     autoscaling: AutoscalingConfig | None = Field(None, description="Serve autoscaling.")
     max_ongoing_requests: int = Field(
-        16, ge=1, description="Per-replica concurrency cap; beyond it Serve backs off."
+        16, ge=1, description="Per-replica concurrency cap; beyond it requests queue."
+    )
+    max_queued_requests: int = Field(
+        64, ge=1, description="Requests a router replica may queue for this model beyond "
+        "capacity; past it clients get a fast 503 with retry-after.",
     )
     num_cpus: float = Field(1.0, ge=0, description="CPUs reserved per replica.")
     num_gpus: float = Field(0.0, ge=0, description="GPUs reserved per replica.")
@@ -104,6 +108,10 @@ class RouterConfig(_Strict):
         4000.0, gt=0, description="Initial per-replica prefill rate before one is learned."
     )
     max_retries: int = Field(2, ge=0, description="Retries on the next replica before 1st token.")
+    first_token_timeout_s: float = Field(
+        600.0, gt=0, description="Longest wait for a replica to start streaming (queue + "
+        "prefill) before the request fails with 503.",
+    )
     policy: str = Field("kvroute", description="A named routing profile (router.profiles).")
     pipeline: PipelineConfig | None = Field(
         None, description="An explicit pipeline (filters, weighted scorers, picker); "

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from cache_service import IndexSettings, make_index
@@ -174,11 +175,23 @@ class RouterCore:
             payload, **{RANK_KWARG: [c.replica for c in order]}
         )
         try:
-            first = await anext(resp)
+            first = await asyncio.wait_for(anext(resp), self.config.router.first_token_timeout_s)
+        except BackPressureError as e:  # every replica full and the queue at its bound
+            self.loads.end(ticket)
+            raise ApiError(503, f"{model!r} is overloaded; retry later", "overloaded",
+                           retry_after_s=max(1.0, e.retry_after_s or 1.0)) from None
+        except TimeoutError:
+            resp.cancel()
+            self.loads.end(ticket)
+            raise ApiError(503, f"{model!r} did not start the request in time", "timeout",
+                           retry_after_s=5.0) from None
         except Exception as e:  # the replica failed before its first token: retry
             log.warning("replica %s failed before first token: %r", target.replica, e)
             self.loads.end(ticket)
             return None
+        if "error" in first:  # the engine refused the input itself (e.g. too long)
+            self.loads.end(ticket)
+            raise ApiError(int(first.get("status", 400)), str(first["error"]), "engine_rejected")
         actual = str(first.get("replica", target.replica))
         if actual != target.replica:  # Serve's router moved it (target full or gone)
             self.loads.end(ticket)

@@ -64,15 +64,25 @@ class ModelWorker:
         })
         final: dict[str, Any] | None = None
         try:
-            async for item in self._engine.generate(req):
+            async for item in self._guarded(req):
                 spans.first_token()
-                if isinstance(item, Finished):
+                if isinstance(item, dict):
+                    yield item
+                elif isinstance(item, Finished):
                     final = self._final(item)
                     yield final
                 else:
                     yield {"replica": self._replica, "text": item.text, "n": len(item.token_ids)}
         finally:
             spans.finish(final["usage"] if final else None, error=final is None)
+
+    async def _guarded(self, req: GenerateRequest) -> AsyncIterator[Any]:
+        """The engine's stream; input it rejects becomes an error message, not a crash."""
+        try:
+            async for item in self._engine.generate(req):
+                yield item
+        except ValueError as e:
+            yield {"replica": self._replica, "error": str(e), "status": 400}
 
     def _final(self, item: Finished) -> dict[str, Any]:
         u = item.usage

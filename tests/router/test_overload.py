@@ -1,0 +1,64 @@
+"""Beyond capacity clients get a fast 503 with retry-after; the queue stays bounded
+and the service recovers once load drops. Real Serve, sim engine."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from deploy.config import KvrouteConfig, ModelConfig, ServerConfig
+
+pytestmark = pytest.mark.slow
+MODEL = "sim-tight"
+
+
+@pytest.fixture(scope="module")
+def stack(ray_local: None, tiny_model_dir: Path, serve_port: int) -> Iterator[str]:
+    from ray import serve
+
+    from deploy import runtime
+
+    cfg = KvrouteConfig(
+        models=[ModelConfig(name=MODEL, engine="sim", model_path=str(tiny_model_dir),
+                            num_replicas=1, num_cpus=0.1, max_ongoing_requests=2,
+                            max_queued_requests=2,
+                            engine_kwargs={"tpot_s": 0.05, "prefill_tok_s": 100000.0})],
+        server=ServerConfig(host="127.0.0.1", port=serve_port),
+    )
+    url = runtime.deploy(cfg)
+    runtime.wait_healthy(url, timeout_s=120)
+    yield url
+    serve.delete(runtime.APP_NAME)
+
+
+async def _one(client: httpx.AsyncClient, url: str, i: int) -> tuple[int, float, str | None]:
+    t = time.monotonic()
+    body = {"model": MODEL, "max_tokens": 40,
+            "messages": [{"role": "user", "content": f"request {i}"}]}
+    r = await client.post(f"{url}/v1/chat/completions", json=body, timeout=120)
+    return r.status_code, time.monotonic() - t, r.headers.get("retry-after")
+
+
+async def _burst(url: str, n: int) -> list[tuple[int, float, str | None]]:
+    async with httpx.AsyncClient() as client:
+        return await asyncio.gather(*(_one(client, url, i) for i in range(n)))
+
+
+def test_overload_is_rejected_fast_and_recovers(stack: str) -> None:
+    results = asyncio.run(_burst(stack, 24))
+    ok = [r for r in results if r[0] == 200]
+    rejected = [r for r in results if r[0] == 503]
+    assert len(ok) + len(rejected) == len(results), {r[0] for r in results}
+    assert ok, "nothing was served"
+    assert rejected, "24 concurrent requests against capacity 2 + queue 2 were all accepted"
+    assert all(r[2] is not None and int(r[2]) >= 1 for r in rejected)
+    worst_reject = max(r[1] for r in rejected)
+    served = min(r[1] for r in ok)
+    print(f"{len(ok)} served (fastest {served:.2f} s), {len(rejected)} rejected "
+          f"(slowest rejection {worst_reject * 1e3:.0f} ms)")
+    assert all(code == 200 for code, _, _ in asyncio.run(_burst(stack, 2)))  # recovered
