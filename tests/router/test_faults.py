@@ -1,0 +1,82 @@
+"""Faults under load on real Serve (sim engine): a worker replica killed mid-stream
+ends that stream with a clean error event (never a hang) while new requests keep
+succeeding; a router replica killed leaves the other serving."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from deploy.builder import ROUTER_DEPLOYMENT
+from deploy.config import KvrouteConfig, ModelConfig, RouterConfig, ServerConfig
+
+pytestmark = pytest.mark.slow
+MODEL = "sim-faults"
+
+
+@pytest.fixture(scope="module")
+def stack(ray_local: None, tiny_model_dir: Path, serve_port: int) -> Iterator[str]:
+    from ray import serve
+
+    from deploy import runtime
+
+    cfg = KvrouteConfig(
+        models=[ModelConfig(name=MODEL, engine="sim", model_path=str(tiny_model_dir),
+                            num_replicas=2, num_cpus=0.1,
+                            engine_kwargs={"tpot_s": 0.05, "prefill_tok_s": 100000.0})],
+        router=RouterConfig(replicas=2),
+        server=ServerConfig(host="127.0.0.1", port=serve_port),
+    )
+    url = runtime.deploy(cfg)
+    runtime.wait_healthy(url, timeout_s=120)
+    yield url
+    serve.delete(runtime.APP_NAME)
+
+
+def _kill(deployment: str, replica: str) -> None:
+    import ray
+
+    actor = ray.get_actor(f"SERVE_REPLICA::kvroute#{deployment}#{replica}", namespace="serve")
+    ray.kill(actor, no_restart=True)
+
+
+def _ok(url: str, text: str = "hello") -> httpx.Response:
+    body = {"model": MODEL, "max_tokens": 3, "messages": [{"role": "user", "content": text}]}
+    return httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+
+
+def test_killed_worker_ends_stream_with_error_event(stack: str) -> None:
+    body = {"model": MODEL, "max_tokens": 400, "stream": True,
+            "messages": [{"role": "user", "content": "a long story please"}]}
+    events: list[str] = []
+    t0 = time.monotonic()
+    with httpx.stream("POST", f"{stack}/v1/chat/completions", json=body, timeout=60) as r:
+        replica = r.headers["x-kvroute-replica"]
+        for line in r.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            events.append(line[6:])
+            if len(events) == 5:
+                _kill(MODEL, replica)
+    elapsed = time.monotonic() - t0
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])
+    assert "error" in error, events[-3:]
+    assert elapsed < 20, f"the cut stream took {elapsed:.1f} s to end"
+    survivors = [_ok(stack, f"after the kill {i}") for i in range(10)]
+    assert all(s.status_code == 200 for s in survivors)
+
+
+def test_killed_router_replica_leaves_the_other_serving(stack: str) -> None:
+    routers = {_ok(stack, f"probe {i}").headers["x-kvroute-router"] for i in range(20)}
+    victim = sorted(routers)[0]
+    _kill(ROUTER_DEPLOYMENT, victim)
+    results = [_ok(stack, f"after router kill {i}") for i in range(20)]
+    failed = [r for r in results if r.status_code != 200]
+    assert len(failed) <= 1, [r.text for r in failed]  # at most one request in flight there
+    assert all(r.headers["x-kvroute-router"] != victim for r in results if r.status_code == 200)
