@@ -9,6 +9,7 @@ import sys
 import time
 
 from deploy.config import EngineName, KvrouteConfig, demo_config, load_config
+from ops.status import add_parser as add_status
 
 
 def _overrides(cfg: KvrouteConfig, args: argparse.Namespace) -> KvrouteConfig:
@@ -91,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     mm.add_argument("dir")
     mm.add_argument("--seed", type=int, default=0)
     mm.set_defaults(func=cmd_make_model)
+    add_status(sub)
     return p
 
 

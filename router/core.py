@@ -102,6 +102,7 @@ class RouterCore:
         self.pipeline = Pipeline(config.router.routing())
         self.loads = LoadTracker()
         self._known: dict[str, set[str]] = {}
+        self._ticks = 0
         self.router_id = ""  # this router replica, for the x-kvroute-router header
         self._tasks: set[asyncio.Task[Any]] = set()
 
@@ -246,6 +247,11 @@ class RouterCore:
             self._known[model] = now
             live |= {(model, r) for r in now}
         self.loads.forget(live)
+        self._ticks += 1
+        if self._ticks % 5 == 0:  # index stats cost a Redis call: every 5 s is plenty
+            stats = await self.index.stats()
+            metrics.INDEX_BLOCKS.set(stats.blocks)
+            metrics.INDEX_REPLICAS.set(stats.replicas)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)

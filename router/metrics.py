@@ -33,6 +33,11 @@ CACHED_TOKENS = Counter("kvroute_cached_tokens", "Prompt tokens the engine serve
 PREDICTED_TOKENS = Counter("kvroute_predicted_cached_tokens",
                            "Prompt tokens the router predicted cached", ["model"],
                            registry=REGISTRY)
+OUTPUT_TOKENS = Counter("kvroute_output_tokens", "Generated tokens", ["model"], registry=REGISTRY)
+INDEX_BLOCKS = Gauge("kvroute_index_blocks", "Entries in the prefix index (block, replica)",
+                     registry=REGISTRY)
+INDEX_REPLICAS = Gauge("kvroute_index_replicas", "Replicas with entries in the prefix index",
+                       registry=REGISTRY)
 INDEX_ERRORS = Counter("kvroute_index_errors", "Prefix index calls that failed", ["op"],
                        registry=REGISTRY)
 RETRIES = Counter("kvroute_retries", "Dispatches retried on another replica", ["model"],

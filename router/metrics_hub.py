@@ -51,7 +51,7 @@ def merge(texts: list[str]) -> str:
                 key = (s.name, tuple(sorted(s.labels.items())))
                 gauge = fam.type == "gauge"
                 series[key] = s.value if gauge else series.get(key, 0.0) + s.value
-    return _render(helps, values)
+    return _render({n: h for n, h in helps.items() if values[n]}, values)
 
 
 def _render(helps: dict[str, tuple[str, str]], values: dict[str, dict[Key, float]]) -> str:

@@ -50,6 +50,7 @@ def record_usage(info: RequestInfo, final: dict[str, Any], predicted: int) -> No
     metrics.PROMPT_TOKENS.labels(m).inc(prompt)
     metrics.CACHED_TOKENS.labels(m).inc(cached)
     metrics.PREDICTED_TOKENS.labels(m).inc(predicted)
+    metrics.OUTPUT_TOKENS.labels(m).inc(out)
     info.tokens_out = out
     span = trace.get_current_span()
     span.set_attribute("gen_ai.usage.input_tokens", prompt)
