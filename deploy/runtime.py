@@ -27,7 +27,8 @@ def init_ray(host: str = "127.0.0.1", num_cpus: int | None = None) -> None:
     kwargs: dict[str, object] = {"include_dashboard": False, "log_to_driver": True}
     if address is None:
         kwargs["num_cpus"] = num_cpus or max(4, os.cpu_count() or 1)
-    ray.init(address=address, **kwargs)
+    # "local": always a fresh cluster, never silently joining another one on this host
+    ray.init(address=address or "local", **kwargs)
 
 
 def deploy(config: KvrouteConfig) -> str:

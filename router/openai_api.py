@@ -1,10 +1,19 @@
-"""OpenAI response shapes: chat/completion objects and SSE chunks."""
+"""OpenAI response shapes: chat/completion objects, tool calls and SSE chunks.
+
+Parsed tool calls (``router.tool_calls``) become ``message.tool_calls`` with ids
+``call_…`` and arguments as a JSON string, and the finish reason ``tool_calls``
+(unless the output limit cut the reply: ``length``). Streamed, each call is one
+delta carrying its id, name and full arguments, sent when the call is complete.
+"""
 
 from __future__ import annotations
 
 import json
 import time
+import uuid
 from typing import Any
+
+from router.tool_calls import ToolCall
 
 
 def usage_block(final: dict[str, Any] | None) -> dict[str, Any]:
@@ -18,17 +27,34 @@ def usage_block(final: dict[str, Any] | None) -> dict[str, Any]:
     }
 
 
-def finish_reason(final: dict[str, Any] | None) -> str:
+def finish_reason(final: dict[str, Any] | None, tool_calls: bool = False) -> str:
     reason = (final or {}).get("finish_reason", "stop")
-    return "length" if reason == "length" else "stop"
+    if reason == "length":
+        return "length"
+    return "tool_calls" if tool_calls else "stop"
 
 
-def chat_completion(rid: str, model: str, text: str, final: dict[str, Any] | None) -> dict:
+def tool_call(call: ToolCall, index: int | None = None) -> dict[str, Any]:
+    """One OpenAI tool call; with ``index`` for a streamed delta."""
+    out: dict[str, Any] = {} if index is None else {"index": index}
+    out.update({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments_json()}})
+    return out
+
+
+def chat_completion(
+    rid: str, model: str, text: str, final: dict[str, Any] | None,
+    calls: list[ToolCall] | None = None,
+) -> dict:
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if calls:
+        message["content"] = text or None
+        message["tool_calls"] = [tool_call(c) for c in calls]
     return {
         "id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
         "choices": [{
-            "index": 0, "message": {"role": "assistant", "content": text},
-            "finish_reason": finish_reason(final), "logprobs": None,
+            "index": 0, "message": message,
+            "finish_reason": finish_reason(final, bool(calls)), "logprobs": None,
         }],
         "usage": usage_block(final),
     }

@@ -1,4 +1,15 @@
-"""The OpenAI endpoints: /v1/chat/completions, /v1/completions, /v1/models."""
+"""The OpenAI endpoints: /v1/chat/completions, /v1/completions, /v1/models.
+
+Chat requests are normalised like Anthropic ones where it matters for the cache
+(``router.normalize.strip_volatile`` on the leading system message), rendered
+with the model's chat template (tools included) and tokenized once. With tools
+(and ``tool_choice`` other than ``"none"``) the output is parsed for tool calls
+in the model family's format (``router.tool_calls``); ``tool_choice`` values
+``"required"`` and a named function are accepted but not enforced (decoding is
+not constrained), and ``parallel_tool_calls: false`` keeps the first call.
+``response_format`` adds an instruction to the system message (see
+``router.openai_schema``). A client that disconnects aborts the generation.
+"""
 
 from __future__ import annotations
 
@@ -12,9 +23,11 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from router import openai_api as oa
+from router import tool_calls as tc
 from router.core import Generation, RouterCore
 from router.errors import ApiError
 from router.http_util import output_budget, parse_body, request_id, routing_headers, sampling
+from router.normalize import strip_volatile
 from router.openai_schema import ChatCompletionRequest, CompletionRequest, SamplingFields
 from router.tokenization import TemplateRenderError
 
@@ -31,10 +44,14 @@ async def chat_completions(core: RouterCore, request: Request) -> Response:
     req = await parse_body(request, ChatCompletionRequest)
     tok = core.tokenizer(req.model)
     try:
-        text = tok.render(_messages(req), tools=req.tools)
+        text = tok.render(_messages(req), tools=req.template_tools())
     except TemplateRenderError as e:
         raise ApiError(400, str(e), "invalid_messages", "messages") from None
-    return await _serve(core, request, req, tok.encode(text), chat=True)
+    parser = None
+    if req.parses_tools():
+        parser = tc.make_parser(tc.family_for_model(core.models[req.model].model_path))
+    out = _Output(parser, single_call=req.parallel_tool_calls is False)
+    return await _serve(core, request, req, tok.encode(text), out)
 
 
 async def completions(core: RouterCore, request: Request) -> Response:
@@ -49,34 +66,63 @@ async def completions(core: RouterCore, request: Request) -> Response:
                            "invalid_token_ids", "prompt")
     if not ids:
         raise ApiError(400, "prompt is empty", "empty_prompt", "prompt")
-    return await _serve(core, request, req, ids, chat=False)
+    return await _serve(core, request, req, ids, None)
 
 
 def _messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
     out = []
-    for m in req.messages:
-        msg: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
-                               "content": m.text()}
+    for i, m in enumerate(req.messages):
+        role = "system" if m.role == "developer" else m.role
+        content = m.text()
+        if i == 0 and role == "system":
+            content = strip_volatile(content)
+        msg: dict[str, Any] = {"role": role, "content": content}
         if m.name:
             msg["name"] = m.name
         if m.tool_call_id:
             msg["tool_call_id"] = m.tool_call_id
         if m.tool_calls:
-            msg["tool_calls"] = [_tool_call(tc.model_dump()) for tc in m.tool_calls]
+            msg["tool_calls"] = [_tool_call(call.model_dump()) for call in m.tool_calls]
         out.append(msg)
+    if req.response_format and (note := req.response_format.instruction()):
+        if out[0]["role"] == "system":  # the end of the system prompt: stable across turns
+            out[0]["content"] = f"{out[0]['content']}\n\n{note}" if out[0]["content"] else note
+        else:
+            out.insert(0, {"role": "system", "content": note})
     return out
 
 
-def _tool_call(tc: dict[str, Any]) -> dict[str, Any]:
-    args = tc["function"]["arguments"]
+def _tool_call(call: dict[str, Any]) -> dict[str, Any]:
+    args = call["function"]["arguments"]
     if isinstance(args, str):  # templates expect a mapping
         with contextlib.suppress(json.JSONDecodeError):
-            tc["function"]["arguments"] = json.loads(args)
-    return tc
+            call["function"]["arguments"] = json.loads(args)
+    return call
+
+
+class _Output:
+    """Chat output: text and parsed tool calls (``parser`` None: text only)."""
+
+    def __init__(self, parser: tc.MarkerParser | None, single_call: bool) -> None:
+        self.parser, self.single = parser, single_call
+        self.text: list[str] = []
+        self.calls: list[tc.ToolCall] = []
+
+    def add(self, ev: tc.Event) -> dict[str, Any] | None:
+        """Record one event; the chat delta to stream for it (None: nothing to send)."""
+        if isinstance(ev, str):
+            self.text.append(ev)
+            return {"content": ev}
+        if self.single and self.calls:
+            return None
+        self.calls.append(ev)
+        return {"tool_calls": [oa.tool_call(ev, len(self.calls) - 1)]}
 
 
 async def _serve(core: RouterCore, request: Request, req: SamplingFields, ids: list[int],
-                 chat: bool) -> Response:
+                 out: _Output | None) -> Response:
+    """Generate and reply; ``out`` None for /v1/completions (plain text)."""
+    chat = out is not None
     rid = request_id("chatcmpl" if chat else "cmpl")
     budget = output_budget(core, req.model, len(ids), req.output_limit())
     params = sampling(budget, req.temperature, req.top_p, req.stop_list(), req.seed)
@@ -86,24 +132,38 @@ async def _serve(core: RouterCore, request: Request, req: SamplingFields, ids: l
     headers = routing_headers(gen)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        body = _stream(gen, rid, req.model, chat, include_usage)
+        body = _stream(gen, rid, req.model, out, include_usage)
         return StreamingResponse(body, media_type="text/event-stream", headers=headers)
-    text = "".join([m.get("text", "") async for m in gen.messages()])
-    build = oa.chat_completion if chat else oa.text_completion
-    return JSONResponse(build(rid, req.model, text, gen.final), headers=headers)
+    result = out or _Output(None, False)
+    try:
+        async for ev in tc.events(gen.messages(), result.parser):
+            result.add(ev)
+    except Exception as e:  # the replica failed mid-generation: retryable for the client
+        log.warning("generation %s failed: %r", rid, e)
+        raise ApiError(503, f"generation failed on replica {gen.replica}",
+                       "replica_failed") from None
+    finally:
+        gen.close()  # also when the client went away: aborts the worker's generation
+    text = "".join(result.text)
+    if chat:
+        return JSONResponse(oa.chat_completion(rid, req.model, text, gen.final, result.calls),
+                            headers=headers)
+    return JSONResponse(oa.text_completion(rid, req.model, text, gen.final), headers=headers)
 
 
 async def _stream(
-    gen: Generation, rid: str, model: str, chat: bool, include_usage: bool
+    gen: Generation, rid: str, model: str, out: _Output | None, include_usage: bool
 ) -> AsyncIterator[bytes]:
+    chat = out is not None
     if chat:
         yield oa.sse(oa.chat_chunk(rid, model, {"role": "assistant", "content": ""}, None))
     try:
-        async for msg in gen.messages():
-            if text := msg.get("text"):
-                yield oa.sse(oa.chat_chunk(rid, model, {"content": text}, None) if chat
-                             else oa.text_chunk(rid, model, text, None))
-        reason = oa.finish_reason(gen.final)
+        async for ev in tc.events(gen.messages(), out.parser if out else None):
+            if out is None:
+                yield oa.sse(oa.text_chunk(rid, model, str(ev), None))
+            elif (delta := out.add(ev)) is not None:
+                yield oa.sse(oa.chat_chunk(rid, model, delta, None))
+        reason = oa.finish_reason(gen.final, bool(out and out.calls))
         yield oa.sse(oa.chat_chunk(rid, model, {}, reason) if chat
                      else oa.text_chunk(rid, model, "", reason))
         if include_usage:
@@ -112,4 +172,6 @@ async def _stream(
     except Exception as e:  # a replica died mid-stream: end cleanly with an error chunk
         log.warning("stream %s failed: %r", rid, e)
         yield oa.sse(oa.stream_error(f"generation failed on replica {gen.replica}"))
+    finally:
+        gen.close()  # also on client disconnect: aborts the worker's generation
     yield oa.sse("[DONE]")

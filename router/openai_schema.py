@@ -2,13 +2,19 @@
 
 Unknown top-level fields are ignored, as OpenAI-compatible servers commonly do,
 so newer SDKs keep working; known fields are checked strictly.
+
+``response_format``: the engines cannot constrain decoding, so ``json_object``
+and a non-strict ``json_schema`` are passed to the model as an instruction only
+(``instruction()``), and a ``json_schema`` with ``strict: true`` (which promises
+conformance) is refused with a 400 (see ``ResponseFormat``).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class _Lenient(BaseModel):
@@ -77,10 +83,72 @@ class SamplingFields(_Lenient):
         return self.max_completion_tokens or self.max_tokens
 
 
+class FunctionDef(_Lenient):
+    name: str = Field(min_length=1, max_length=128)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDef(_Lenient):
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class FunctionName(_Lenient):
+    name: str = Field(min_length=1)
+
+
+class NamedToolChoice(_Lenient):
+    type: Literal["function"] = "function"
+    function: FunctionName
+
+
+class JsonSchemaFormat(_Lenient):
+    name: str = Field("response", min_length=1)
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Lenient):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> ResponseFormat:
+        if self.type == "json_schema":
+            if self.json_schema is None:
+                raise ValueError("json_schema is required when type is 'json_schema'")
+            if self.json_schema.strict:
+                raise ValueError("strict json_schema needs constrained decoding, which "
+                                 "kvroute's engines do not do; send strict: false to pass "
+                                 "the schema as an instruction, or use json_object")
+        return self
+
+    def instruction(self) -> str | None:
+        """The instruction this format adds to the system message (None for text)."""
+        if self.type == "json_object":
+            return "Respond with a single valid JSON object and nothing else."
+        if self.type == "json_schema" and self.json_schema is not None:
+            schema = json.dumps(self.json_schema.schema_ or {}, ensure_ascii=False)
+            return ("Respond with a single valid JSON object and nothing else, conforming "
+                    f"to this JSON schema ({self.json_schema.name}): {schema}")
+        return None
+
+
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: list[ToolDef] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
+
+    def parses_tools(self) -> bool:
+        return bool(self.tools) and self.tool_choice != "none"
 
 
 class CompletionRequest(SamplingFields):

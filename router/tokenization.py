@@ -61,6 +61,7 @@ class ChatTokenizer:
         env.filters["tojson"] = _tojson
         env.globals["raise_exception"] = _raise
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        self.template_source: str = template
         self._template = env.from_string(template)
         self._specials = {
             "bos_token": _token_text(cfg.get("bos_token")) or "",

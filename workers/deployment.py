@@ -89,6 +89,7 @@ class ModelWorker:
         msg: dict[str, Any] = {
             "replica": self._replica,
             "finish_reason": item.finish_reason,
+            "stop_sequence": item.stop_sequence,
             "usage": {
                 "prompt_tokens": u.prompt_tokens,
                 "completion_tokens": u.completion_tokens,

@@ -48,6 +48,7 @@ class Usage:
 class Finished:
     usage: Usage
     finish_reason: str  # "stop" | "length" | "abort"
+    stop_sequence: str | None = None  # the stop string that ended it, if one did
 
 
 @dataclass(frozen=True, slots=True)

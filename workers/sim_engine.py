@@ -191,5 +191,5 @@ class SimEngine:
             stream.queue.put_nowait(TokenChunk(tail, tuple(stream.held)))
             stream.held = []
         usage = Usage(fin.prompt_tokens, fin.completion_tokens, fin.cached_tokens)
-        stream.queue.put_nowait(Finished(usage, fin.reason))
+        stream.queue.put_nowait(Finished(usage, fin.reason, stream.stops.matched))
         del self._streams[rid]

@@ -11,14 +11,16 @@ class StopMatcher:
     def __init__(self, stops: tuple[str, ...]) -> None:
         self._stops = tuple(s for s in stops if s)
         self._held = ""
+        self.matched: str | None = None  # the stop string that was hit
 
     def feed(self, text: str) -> tuple[str, bool]:
         """Returns (text safe to emit, whether a stop string was hit)."""
         buf = self._held + text
         if not self._stops:
             return buf, False
-        cut = min((i for i in (buf.find(s) for s in self._stops) if i >= 0), default=-1)
-        if cut >= 0:
+        hits = [(i, s) for s in self._stops if (i := buf.find(s)) >= 0]
+        if hits:
+            cut, self.matched = min(hits)
             self._held = ""
             return buf[:cut], True
         keep = self._partial_suffix(buf)

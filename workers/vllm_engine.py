@@ -343,13 +343,14 @@ class VllmEngine:
         stream = self._llm.generate(
             self._prompt(request.token_ids), self._sampling(request), request.request_id
         )
-        completion, cached, reason = 0, 0, None
+        completion, cached, reason, stop_str = 0, 0, None, None
         try:
             async for out in stream:
                 cached = out.num_cached_tokens or cached
                 for c in out.outputs[:1]:
                     completion += len(c.token_ids)
                     reason = c.finish_reason or reason
+                    stop_str = c.stop_reason if isinstance(c.stop_reason, str) else stop_str
                     if c.text or c.token_ids:
                         yield TokenChunk(c.text, tuple(c.token_ids))
         except VLLMClientError as e:
@@ -361,7 +362,7 @@ class VllmEngine:
         if reason == "error":
             raise EngineError("vllm reported a request error")
         reason = {"length": "length", "abort": "abort"}.get(str(reason), "stop")
-        yield Finished(Usage(len(request.token_ids), completion, cached), reason)
+        yield Finished(Usage(len(request.token_ids), completion, cached), reason, stop_str)
 
     async def abort(self, request_id: str) -> None:
         if self._llm is not None:

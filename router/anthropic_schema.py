@@ -1,0 +1,135 @@
+"""Anthropic Messages request schemas (the subset kvroute serves), validated by pydantic.
+
+Like the OpenAI schemas: unknown top-level fields and unknown fields inside known
+blocks are ignored, so newer clients (Claude Code sends new fields often) keep
+working; known fields are checked strictly. Content blocks are a union tagged by
+``type``: an unknown block type is a 400 naming the type. ``image`` and
+``document`` blocks parse (so the error can say why) and are refused later, in
+``router.normalize``: kvroute serves text-only models.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class TextBlock(_Lenient):
+    type: Literal["text"]
+    text: str
+
+
+class ImageBlock(_Lenient):
+    type: Literal["image"]
+
+
+class DocumentBlock(_Lenient):
+    type: Literal["document"]
+
+
+class ThinkingBlock(_Lenient):
+    type: Literal["thinking"]
+    thinking: str = ""
+
+
+class RedactedThinkingBlock(_Lenient):
+    type: Literal["redacted_thinking"]
+
+
+class ToolUseBlock(_Lenient):
+    type: Literal["tool_use"]
+    id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    input: dict[str, Any] = Field(default_factory=dict)
+
+
+ResultPart = Annotated[TextBlock | ImageBlock | DocumentBlock, Field(discriminator="type")]
+
+
+class ToolResultBlock(_Lenient):
+    type: Literal["tool_result"]
+    tool_use_id: str = Field(min_length=1)
+    content: str | list[ResultPart] | None = None
+    is_error: bool = False
+
+
+ContentBlock = Annotated[
+    TextBlock | ImageBlock | DocumentBlock | ThinkingBlock | RedactedThinkingBlock
+    | ToolUseBlock | ToolResultBlock,
+    Field(discriminator="type"),
+]
+
+
+class Message(_Lenient):
+    role: Literal["user", "assistant"]
+    content: str | list[ContentBlock]
+
+
+class Tool(_Lenient):
+    """A client tool. Server tools (``web_search_…``, ``bash_…``) carry another ``type``."""
+
+    type: str | None = None
+    name: str = Field(min_length=1, max_length=128)
+    description: str | None = None
+    input_schema: dict[str, Any] | None = None
+
+
+class ToolChoice(_Lenient):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool = False
+
+
+class Metadata(_Lenient):
+    user_id: str | None = None
+
+
+class OutputConfig(_Lenient):
+    """``effort`` is accepted and ignored; ``format`` (structured outputs) is refused."""
+
+    effort: str | None = None
+    format: dict[str, Any] | None = None
+
+    @field_validator("format")
+    @classmethod
+    def _no_format(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is not None:
+            raise ValueError("structured outputs need constrained decoding, which kvroute's "
+                             "engines do not do; describe the format in the prompt instead")
+        return v
+
+
+class CountTokensRequest(_Lenient):
+    model: str = Field(min_length=1)
+    messages: list[Message] = Field(min_length=1)
+    system: str | list[TextBlock] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: dict[str, Any] | None = None  # accepted; kvroute models do not think aloud
+    output_config: OutputConfig | None = None
+
+
+class MessagesRequest(CountTokensRequest):
+    max_tokens: int = Field(ge=1)
+    metadata: Metadata | None = None
+    stop_sequences: list[str] | None = None
+    stream: bool = False
+    temperature: float | None = Field(None, ge=0.0, le=1.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)  # accepted; the engines sample without top-k
+
+    @field_validator("stop_sequences")
+    @classmethod
+    def _stops(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and len(v) > 16:
+            raise ValueError("at most 16 stop sequences")
+        return v
+
+    def session_id(self, header: str | None) -> str | None:
+        """``x-session-id`` wins; else ``metadata.user_id`` (Claude Code: one per session)."""
+        return header or (self.metadata.user_id if self.metadata else None) or None

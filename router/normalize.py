@@ -1,0 +1,186 @@
+"""Prefix-stable normalisation: an Anthropic conversation → the chat template's input.
+
+kvroute's cache hits depend on turn N+1's prompt starting with the exact tokens
+of turn N's. Agents resend the whole conversation each turn, but some parts of
+what they send change on every request without changing its meaning; those
+parts are dropped here, before templating, so the rendered prefix stays stable.
+
+What is normalised (documented for users in docs/api.md):
+
+1. Volatile system blocks are dropped: Claude Code (>= 2.1.36) sends as its
+   first system block ``x-anthropic-billing-header: cc_version=…; cc_entrypoint=…;
+   cch=…;`` whose ``cch`` changes on every request. Any system block that is only
+   ``x-anthropic-<name>: …`` header lines is dropped, and such lines are stripped
+   from the start of a block or of a string system prompt (``strip_volatile``, also used for
+   the OpenAI API, where proxies put the same line into the system message).
+2. ``cache_control`` markers (on system blocks, tools and message blocks) are
+   ignored: Claude Code moves its breakpoints every turn, and kvroute caches every
+   prefix automatically anyway.
+3. ``thinking`` and ``redacted_thinking`` blocks are dropped: their signatures
+   are request-specific, and kvroute's models do not produce them.
+4. A string ``content`` and a list of text blocks with the same text render the
+   same (blocks are joined with ``"\\n"``), as do system as a string and as blocks
+   (joined with ``"\\n\\n"``).
+5. Tools keep only ``name``, ``description`` and ``input_schema`` (as the
+   OpenAI-style function list the templates expect), in the client's order.
+
+Not normalised, on purpose: anything with meaning for the model (dates,
+``<system-reminder>`` text, git status in Claude Code's system prompt, tool
+order). Changing those changes the answer; they change rarely within a session.
+
+Mapping onto the template's message list: ``tool_use`` blocks → the assistant
+message's ``tool_calls``; each ``tool_result`` → a ``role: "tool"`` message with
+``tool_call_id`` (and the tool's ``name``), its text prefixed with ``"Error: "``
+when ``is_error``; text blocks → ``user``/``assistant`` content. ``image`` and
+``document`` blocks are refused with a 400 (text-only models). A final
+assistant message of text only is a *prefill*: the reply continues it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from router.anthropic_schema import (
+    CountTokensRequest,
+    DocumentBlock,
+    ImageBlock,
+    Message,
+    TextBlock,
+    Tool,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from router.errors import ApiError
+
+_HEADER_LINE = re.compile(r"[ \t]*x-anthropic-[a-z0-9-]+:[^\n]*(\n|$)", re.IGNORECASE)
+
+
+def strip_volatile(text: str) -> str:
+    """Drop leading ``x-anthropic-…: …`` header lines (per-request billing nonces)."""
+    pos = 0
+    while m := _HEADER_LINE.match(text, pos):
+        if m.end() == pos:
+            break
+        pos = m.end()
+    return text[pos:].lstrip("\n") if pos else text
+
+
+def system_text(system: str | list[TextBlock] | None) -> str | None:
+    if system is None:
+        return None
+    if isinstance(system, str):
+        return strip_volatile(system)
+    texts = (strip_volatile(b.text) for b in system)
+    return "\n\n".join(t for t in texts if t.strip())
+
+
+@dataclass(slots=True)
+class ChatPrompt:
+    """What the chat template gets: messages, tools, and an assistant prefill."""
+
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    tools: list[dict[str, Any]] | None = None
+    prefill: str | None = None
+
+
+def to_chat(req: CountTokensRequest) -> ChatPrompt:
+    prompt = ChatPrompt(tools=template_tools(req.tools))
+    system = system_text(req.system)
+    if system is not None:
+        prompt.messages.append({"role": "system", "content": system})
+    names: dict[str, str] = {}  # tool_use id → tool name, for the tool messages
+    for i, msg in enumerate(req.messages):
+        where = f"messages.{i}.content"
+        if msg.role == "assistant":
+            prompt.messages.append(_assistant(msg, where, names))
+        else:
+            prompt.messages.extend(_user(msg, where, names))
+    last = req.messages[-1]
+    if last.role == "assistant" and "tool_calls" not in prompt.messages[-1]:
+        prompt.prefill = prompt.messages.pop()["content"]
+    return prompt
+
+
+def template_tools(tools: list[Tool] | None) -> list[dict[str, Any]] | None:
+    if not tools:
+        return None
+    out = []
+    for i, t in enumerate(tools):
+        if t.type not in (None, "custom") or t.input_schema is None:
+            raise ApiError(400, f"tools.{i}: server tool {t.type or t.name!r} is not supported; "
+                           "kvroute serves client tools (name, description, input_schema)",
+                           "unsupported_tool", f"tools.{i}")
+        fn: dict[str, Any] = {"name": t.name}
+        if t.description:
+            fn["description"] = t.description
+        fn["parameters"] = t.input_schema
+        out.append({"type": "function", "function": fn})
+    return out
+
+
+def _blocks(msg: Message) -> list[Any]:
+    return [TextBlock(type="text", text=msg.content)] if isinstance(msg.content, str) \
+        else list(msg.content)
+
+
+def _refuse(block: Any, where: str) -> None:
+    if isinstance(block, ImageBlock | DocumentBlock):
+        raise ApiError(400, f"{where}: {block.type} blocks are not supported: kvroute serves "
+                       "text-only models", "unsupported_content", where)
+
+
+def _assistant(msg: Message, where: str, names: dict[str, str]) -> dict[str, Any]:
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for j, block in enumerate(_blocks(msg)):
+        _refuse(block, f"{where}.{j}")
+        if isinstance(block, TextBlock):
+            texts.append(block.text)
+        elif isinstance(block, ToolUseBlock):
+            names[block.id] = block.name
+            calls.append({"id": block.id, "type": "function",
+                          "function": {"name": block.name, "arguments": block.input}})
+        elif isinstance(block, ToolResultBlock):
+            raise ApiError(400, f"{where}.{j}: tool_result blocks belong in user messages",
+                           "invalid_request", f"{where}.{j}")
+        # thinking / redacted_thinking: dropped (see the module docstring)
+    out: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts)}
+    if calls:
+        out["tool_calls"] = calls
+    return out
+
+
+def _user(msg: Message, where: str, names: dict[str, str]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    texts: list[str] = []
+    for j, block in enumerate(_blocks(msg)):
+        _refuse(block, f"{where}.{j}")
+        if isinstance(block, TextBlock):
+            texts.append(block.text)
+        elif isinstance(block, ToolResultBlock):
+            if texts:
+                out.append({"role": "user", "content": "\n".join(texts)})
+                texts = []
+            out.append(_tool_message(block, f"{where}.{j}", names))
+        elif isinstance(block, ToolUseBlock):
+            raise ApiError(400, f"{where}.{j}: tool_use blocks belong in assistant messages",
+                           "invalid_request", f"{where}.{j}")
+    if texts or not out:
+        out.append({"role": "user", "content": "\n".join(texts)})
+    return out
+
+
+def _tool_message(block: ToolResultBlock, where: str, names: dict[str, str]) -> dict[str, Any]:
+    if block.content is None or isinstance(block.content, str):
+        text = block.content or ""
+    else:
+        for k, part in enumerate(block.content):
+            _refuse(part, f"{where}.content.{k}")
+        text = "\n".join(p.text for p in block.content if isinstance(p, TextBlock))
+    msg: dict[str, Any] = {"role": "tool", "tool_call_id": block.tool_use_id,
+                           "content": f"Error: {text}" if block.is_error else text}
+    if block.tool_use_id in names:
+        msg["name"] = names[block.tool_use_id]
+    return msg
