@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import ray
 from ray import serve
 from ray.serve import Application
 from ray.serve.config import AutoscalingConfig as ServeAutoscaling
 from ray.serve.config import RequestRouterConfig
 
-from deploy.config import IndexConfig, KvrouteConfig, ModelConfig
+from deploy.config import AutoscalingConfig, IndexConfig, KvrouteConfig, ModelConfig
 from ops.tracing import tracing_env
 from router.ingress import Ingress
 from router.metrics_hub import MetricsHub
@@ -23,10 +24,9 @@ from workers.deployment import ModelWorker
 ROUTER_DEPLOYMENT = "kvroute-router"
 
 
-def _scaling(m: ModelConfig) -> dict[str, Any]:
-    if m.autoscaling is None:
-        return {"num_replicas": m.num_replicas}
-    a = m.autoscaling
+def _scaling(fixed: int | None, a: AutoscalingConfig | None) -> dict[str, Any]:
+    if a is None:
+        return {"num_replicas": fixed}
     return {"autoscaling_config": ServeAutoscaling(
         min_replicas=a.min_replicas, max_replicas=a.max_replicas,
         target_ongoing_requests=a.target_ongoing_requests,
@@ -49,7 +49,7 @@ def build_worker(m: ModelConfig, index: IndexConfig) -> Application:
         ),
         health_check_period_s=5.0,
         graceful_shutdown_timeout_s=30.0,
-        **_scaling(m),
+        **_scaling(m.num_replicas, m.autoscaling),
         **_spread(m.max_replicas_per_node),
     )
     return deployment.bind(m.model_dump(), index.model_dump())
@@ -58,8 +58,16 @@ def build_worker(m: ModelConfig, index: IndexConfig) -> Application:
 def _actor_options(num_cpus: float, num_gpus: float = 0.0) -> dict[str, Any]:
     opts: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus}
     if env := tracing_env():  # replicas on other nodes do not inherit the driver's env
-        opts["runtime_env"] = {"env_vars": env}
+        opts["runtime_env"] = _with_env(env)
     return opts
+
+
+def _with_env(env: dict[str, str]) -> dict[str, Any]:
+    """The app's runtime_env plus ``env``: an actor's runtime_env replaces the app's."""
+    base: dict[str, Any] = {}
+    if ray.is_initialized():
+        base = dict(ray.get_runtime_context().runtime_env or {})
+    return {**base, "env_vars": {**(base.get("env_vars") or {}), **env}}
 
 
 def build_app(config: KvrouteConfig) -> Application:
@@ -69,8 +77,8 @@ def build_app(config: KvrouteConfig) -> Application:
     ).bind()
     ingress = serve.deployment(Ingress).options(
         name=ROUTER_DEPLOYMENT,
-        num_replicas=config.router.replicas,
-        max_ongoing_requests=1024,
+        max_ongoing_requests=config.router.max_ongoing_requests,
+        **_scaling(config.router.replicas, config.router.autoscaling),
         ray_actor_options=_actor_options(config.router.num_cpus),
         **_spread(config.router.max_replicas_per_node),
     )

@@ -99,7 +99,12 @@ class IndexConfig(_Strict):
 
 
 class RouterConfig(_Strict):
-    replicas: int = Field(1, ge=1, description="Router ingress replicas.")
+    replicas: int = Field(1, ge=1, description="Router ingress replicas (without autoscaling).")
+    autoscaling: AutoscalingConfig | None = Field(
+        None, description="Autoscale router replicas (a router holds each request for its "
+        "whole stream, so aim target_ongoing_requests high, e.g. 128).",
+    )
+    max_ongoing_requests: int = Field(1024, ge=1, description="Requests per router replica.")
     num_cpus: float = Field(0.0, ge=0, description="CPUs reserved per router replica.")
     max_replicas_per_node: int | None = Field(
         None, ge=1, description="Spread router replicas: at most this many on one node."
