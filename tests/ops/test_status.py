@@ -272,7 +272,6 @@ def test_dashboard_queries_parse_and_evaluate(tmp_path: Path) -> None:
 
 
 def test_render_png(tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
     from ops.render_dashboard import render
 
     scrapes = [(0.0, status.parse_metrics("")), (10.0, status.parse_metrics(RECORDED))]

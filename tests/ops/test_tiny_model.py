@@ -56,7 +56,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def hf_tokenizer(model_dir: Path) -> Any:
-    transformers = pytest.importorskip("transformers")
+    import transformers
     return transformers.AutoTokenizer.from_pretrained(str(model_dir))
 
 
@@ -111,7 +111,7 @@ def test_special_token_ids(model_dir: Path) -> None:
 
 
 def test_autoconfig(model_dir: Path) -> None:
-    transformers = pytest.importorskip("transformers")
+    import transformers
     config = transformers.AutoConfig.from_pretrained(str(model_dir))
     assert config.model_type == "llama"
     assert config.vocab_size == 4096
@@ -190,7 +190,7 @@ def test_chat_template_tools(hf_tokenizer: Any) -> None:
 
 
 def test_mlx_generate(model_dir: Path) -> None:
-    mlx_lm = pytest.importorskip("mlx_lm")
+    import mlx_lm
     model, tokenizer = mlx_lm.load(str(model_dir))
     assert tokenizer.eos_token_ids == {IM_END_ID}
     assert tokenizer.has_tool_calling  # json_tools parser inferred from the template
@@ -204,7 +204,7 @@ def test_mlx_generate(model_dir: Path) -> None:
 
 def test_mlx_long_prompt_prefill(model_dir: Path) -> None:
     """A ~3000-token prompt prefills past position 2048 (mlx-lm prefills 2048-token chunks)."""
-    mlx_lm = pytest.importorskip("mlx_lm")
+    import mlx_lm
     model, tokenizer = mlx_lm.load(str(model_dir))
     corpus = tiny_model.CORPUS_PATH.read_text()
     messages = [{"role": "user", "content": corpus[:12000]}]
