@@ -1,52 +1,82 @@
 """The mlx engine: mlx-lm on Apple silicon (Metal) or CPU MLX on Linux.
 
-All MLX work runs on one dedicated thread, owned and stopped by the engine, so
-the Serve replica's event loop never blocks. Each request reuses the longest
-cached prefix from a ``PrefixKVStore`` (trimming a longer entry where needed),
-prefills only the rest, and stores its KV back; the store turns that into
-precise block events for the router's index.
+Concurrent requests are served with continuous batching: one dedicated engine
+thread (``workers.mlx_batch.BatchLoop``) drives mlx-lm's ``BatchGenerator``, so a
+new request is prefilled and joins the decode batch while others are generating.
+All MLX work, model load included, runs on that thread; the Serve replica's event
+loop only submits requests, reads per-request asyncio queues, and cancels.
+
+Each request reuses the longest cached prefix from a ``PrefixKVStore`` (trimming a
+longer entry where needed), prefills only the rest, and stores its KV back on
+finish; the store turns that into precise block events for the router's index.
+``load()`` reports running requests, uncached prompt tokens not yet prefilled (a
+request still in the inbox counts its whole prompt until its cache lookup), and
+the KV in the store plus in the running batch as a fraction of ``cache_bytes``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import copy
-import logging
+import os
 import threading
+import time
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from cache_service.events import CacheEvent
-from cache_service.hashing import model_salt
-from workers.kv_store import PrefixKVStore
+from workers.mlx_batch import BatchLoop
 from workers.protocol import (
     EngineError,
     Finished,
     GenerateRequest,
     LoadStats,
     TokenChunk,
-    Usage,
 )
-from workers.stops import StopMatcher
-
-log = logging.getLogger(__name__)
-_DONE = object()
 
 
-@dataclass(slots=True)
-class _Job:
+@dataclass(slots=True, eq=False)  # identity equality
+class Job:
+    """One request as both threads see it."""
+
     request: GenerateRequest
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue[Any]
     aborted: threading.Event = field(default_factory=threading.Event)
+    prefill_left: int = 0  # uncached prompt tokens not yet prefilled (engine thread writes)
+    uid: int | None = None  # BatchGenerator uid once inserted
+
+    def __post_init__(self) -> None:
+        self.prefill_left = len(self.request.token_ids)  # until the cache lookup says less
 
     def put(self, item: Any) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the consumer's loop is closed: nobody is listening
+            pass
+
+
+@dataclass(frozen=True, slots=True)
+class BatchConfig:
+    model_path: str
+    model_name: str
+    replica_id: str
+    block_size: int
+    cache_bytes: int
+    max_cache_entries: int
+    prefill_step_size: int | None = None  # None: by device (BatchLoop._prefill_settings)
+    max_batch: int = 32  # sequences decoding together (mlx-lm's decode concurrency)
+    prefill_batch_size: int | None = None
 
 
 class MlxEngine:
+    """An mlx-lm replica with continuous batching (see the module docstring).
+
+    ``max_batch`` sequences decode together; ``prefill_step_size`` (chunk tokens) and
+    ``prefill_batch_size`` (prompts prefilled together) default by device, see
+    ``BatchLoop._prefill_settings``.
+    """
+
     def __init__(
         self,
         model_path: str,
@@ -55,160 +85,106 @@ class MlxEngine:
         block_size: int,
         cache_bytes: int = 1 << 30,
         max_cache_entries: int = 64,
+        prefill_step_size: int | None = None,
+        max_batch: int = 32,
+        prefill_batch_size: int | None = None,
     ) -> None:
-        self._path, self._name, self._replica = model_path, model_name, replica_id
-        self._block_size, self._cache_bytes = block_size, cache_bytes
-        self._max_entries = max_cache_entries
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvroute-mlx")
-        self._model: Any = None
-        self._tokenizer: Any = None
-        self._store: PrefixKVStore[list[Any]] | None = None
-        self._jobs: dict[str, _Job] = {}
-        self._queued_tokens = 0
-        self._events_lock = threading.Lock()
+        self._cfg = BatchConfig(
+            model_path, model_name, replica_id, block_size, cache_bytes,
+            max_cache_entries, prefill_step_size, max_batch, prefill_batch_size,
+        )
+        self._core = BatchLoop(self._cfg)
+        self._thread: threading.Thread | None = None
+        self._jobs: dict[str, Job] = {}
 
     async def start(self) -> None:
-        await asyncio.get_running_loop().run_in_executor(self._pool, self._load)
-
-    def _load(self) -> None:
-        try:
-            from mlx_lm import load
-        except ImportError as e:  # pragma: no cover - depends on the install
-            raise EngineError(
-                "the mlx engine needs the 'mlx' extra: pip install 'kvroute[mlx]'"
-            ) from e
-        self._model, self._tokenizer = load(self._path)
-        self._store = PrefixKVStore(
-            self._name, self._replica, self._cache_bytes, self._block_size,
-            model_salt(self._name), _kv_nbytes, self._max_entries,
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(
+            target=self._core.run, name=f"kvroute-mlx-{self._cfg.replica_id}", daemon=True
         )
+        self._thread.start()
+        try:
+            await asyncio.wrap_future(self._core.ready)
+        except EngineError:
+            raise
+        except Exception as e:
+            raise EngineError(f"mlx engine failed to load {self._cfg.model_path}: {e}") from e
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenChunk | Finished]:
+        rid = request.request_id
         if not request.token_ids:
             raise EngineError("empty prompt")
-        loop = asyncio.get_running_loop()
-        job = _Job(request, loop, asyncio.Queue())
-        self._jobs[request.request_id] = job
-        self._queued_tokens += len(request.token_ids)
-        fut = loop.run_in_executor(self._pool, self._run_guarded, job)
+        if self._thread is None:
+            raise EngineError("mlx engine not running")
+        if rid in self._jobs:
+            raise EngineError(f"request {rid!r} is already running")
+        job = Job(request, asyncio.get_running_loop(), asyncio.Queue())
+        self._core.submit(job)
+        self._jobs[rid] = job
+        done = False
         try:
-            while (item := await job.queue.get()) is not _DONE:
+            while not done:
+                item = await job.queue.get()
+                done = isinstance(item, Finished | BaseException)
+                if done:  # not ongoing any more, even if the consumer never resumes us
+                    self._forget(job)
                 if isinstance(item, BaseException):
-                    raise EngineError(str(item)) from item
+                    raise EngineError(f"mlx generation failed: {item}") from item
                 yield item
         finally:
-            job.aborted.set()  # the consumer left: stop generating
-            self._jobs.pop(request.request_id, None)
-            await asyncio.shield(fut)
+            self._forget(job)
+            if not done:  # the consumer left early: take the sequence out of the batch
+                job.aborted.set()
+                self._core.cancel(job)
+
+    def _forget(self, job: Job) -> None:
+        if self._jobs.get(job.request.request_id) is job:
+            del self._jobs[job.request.request_id]
 
     async def abort(self, request_id: str) -> None:
         if job := self._jobs.get(request_id):
             job.aborted.set()
+            self._core.cancel(job)  # the engine thread answers with Finished("abort")
 
     def drain_cache_events(self) -> list[CacheEvent]:
-        with self._events_lock:
-            return self._store.drain_events() if self._store else []
+        store = self._core.store
+        if store is None:
+            return []
+        with self._core.events_lock:
+            return store.drain_events()
 
     def load(self) -> LoadStats:
-        used = self._store.nbytes / self._cache_bytes if self._store else 0.0
-        return LoadStats(len(self._jobs), self._queued_tokens, min(1.0, used))
+        jobs = list(self._jobs.values())
+        store = self._core.store
+        used = (store.nbytes if store else 0) + self._core.active_bytes
+        return LoadStats(
+            len(jobs),
+            sum(j.prefill_left for j in jobs),
+            min(1.0, used / self._cfg.cache_bytes),
+        )
 
     async def check_health(self) -> None:
-        if self._model is None or self._pool._shutdown:  # noqa: SLF001
+        thread = self._thread
+        if thread is None or not thread.is_alive() or self._core.closed:
             raise EngineError("mlx engine not running")
 
     async def shutdown(self) -> None:
-        for job in self._jobs.values():
-            job.aborted.set()
-        self._pool.shutdown(wait=True, cancel_futures=True)
-
-    def _run_guarded(self, job: _Job) -> None:
-        started = False
-        try:
-            self._queued_tokens -= len(job.request.token_ids)
-            started = True
-            self._run(job)
-        except Exception as e:  # surfaced to the caller as EngineError
-            log.exception("mlx generation failed")
-            job.put(e)
-        finally:
-            if not started:
-                self._queued_tokens -= len(job.request.token_ids)
-            job.put(_DONE)
-
-    def _run(self, job: _Job) -> None:
-        import mlx.core as mx
-        from mlx_lm.generate import generate_step
-        from mlx_lm.sample_utils import make_sampler
-
-        req, sp = job.request, job.request.sampling
-        if job.aborted.is_set():
-            return job.put(Finished(Usage(len(req.token_ids), 0, 0), "abort"))
-        cache, reused = self._fetch_cache(req.token_ids)
-        if sp.seed is not None:
-            mx.random.seed(sp.seed)
-        steps = generate_step(
-            mx.array(req.token_ids[reused:]), self._model, prompt_cache=cache,
-            max_tokens=sp.max_tokens, sampler=make_sampler(sp.temperature, sp.top_p),
-        )
-        generated, reason = self._decode(job, steps)
-        self._store_cache(req.token_ids + generated, cache)
-        job.put(Finished(Usage(len(req.token_ids), len(generated), reused), reason))
-
-    def _decode(self, job: _Job, steps: Any) -> tuple[list[int], str]:
-        sp = job.request.sampling
-        detok, stops = self._tokenizer.detokenizer, StopMatcher(sp.stop)
-        eos = set() if sp.ignore_eos else set(self._tokenizer.eos_token_ids)
-        generated: list[int] = []
-        reason = "length"
-        for token, _ in steps:
-            token = int(token)
-            if job.aborted.is_set():
-                return generated, "abort"
-            if token in eos:
-                reason = "stop"
-                break
-            generated.append(token)
-            detok.add_token(token)
-            text, hit = stops.feed(detok.last_segment)
-            if text or hit:
-                job.put(TokenChunk(text, (token,)))
-            if hit:
-                return generated, "stop"
-            if len(generated) >= sp.max_tokens:
-                break
-        detok.finalize()
-        if tail := stops.feed(detok.last_segment)[0] + stops.flush():
-            job.put(TokenChunk(tail, ()))
-        return generated, reason
-
-    def _fetch_cache(self, prompt: list[int]) -> tuple[list[Any], int]:
-        from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
-
-        assert self._store is not None
-        match = self._store.nearest(prompt)
-        reuse = min(match.common, len(prompt) - 1) if match else 0
-        if not match or reuse <= 0:
-            return make_prompt_cache(self._model), 0
-        cache = copy.deepcopy(match.kv)
-        trim_prompt_cache(cache, _offset(cache) - reuse)
-        return cache, reuse
-
-    def _store_cache(self, tokens: list[int], cache: list[Any]) -> None:
-        from mlx_lm.models.cache import trim_prompt_cache
-
-        assert self._store is not None
-        offset = _offset(cache)
-        if offset > len(tokens):
-            trim_prompt_cache(cache, offset - len(tokens))
-            offset = len(tokens)
-        with self._events_lock:
-            self._store.insert(tokens[:offset], cache)
+        if self._thread is None:
+            return
+        self._core.stop()
+        await asyncio.to_thread(_join_native, self._thread)
 
 
-def _offset(cache: list[Any]) -> int:
-    return int(cache[0].offset)
+def _join_native(thread: threading.Thread, timeout_s: float = 2.0) -> None:
+    """Join, then wait until the OS thread is gone (Linux; bounded).
 
-
-def _kv_nbytes(cache: list[Any]) -> int:
-    return int(sum(c.nbytes for c in cache))
+    ``join()`` returns before the thread runs its C++ thread-local destructors; MLX's
+    (its per-thread random state) take the GIL, and if the interpreter is finalizing by
+    then the process aborts ("terminate called without an active exception").
+    """
+    thread.join()
+    task = f"/proc/self/task/{thread.native_id}"
+    deadline = time.monotonic() + timeout_s
+    while os.path.exists(task) and time.monotonic() < deadline:
+        time.sleep(0.001)
