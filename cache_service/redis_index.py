@@ -22,17 +22,45 @@ Every written key gets ``PEXPIRE max_ttl`` as a backstop (>= any of its fields' 
 a replica that stops being written vanishes entirely. ``purge_dead`` prunes heartbeats and
 tombstones.
 
-Lookup is ONE ``EVALSHA`` whatever the prompt length and the number of models: for each model
-and each replica holding unexpired entries and not dead, the script walks the chain with
-``HMGET`` on chunks of 4, 16, 64, ... hashes and stops at that replica's first missing or
-expired block: O(replicas x log(match)) Redis calls, O(sum of matches) field probes, and a
-replica without block 0 costs one 4-field ``HMGET``. (A HASH rather than a ZSET because
-``ZMSCORE`` formats doubles: ~3x slower per probe, and ~50% more memory.) Writes
-(``record_routed``, a batch of events) are one script call too. Hashes are sent as one binary
-blob per op: encoding 512 separate arguments costs more than the script itself.
+Lookup is ONE ``EVALSHA`` whatever the prompt length and the number of models. For each model
+and each replica holding unexpired entries and not dead, the script finds the replica's match
+(``redis_scripts._LONGEST``):
 
-Memory: ~70-80 bytes per (block, replica) entry (INFO memory; see
-``tests/cache_service/bench_redis_index.py``), i.e. ~75 MB per million entries.
+1. ``HGET`` block 0: a replica without it (most of them, usually) costs this one probe;
+2. one ``HMGET`` of blocks 1..7 (``EXACT_BLOCKS = 8``): exact, stops at the first hole;
+3. binary search over blocks 8..n-1 with single-field ``HGET`` probes: ``log2(n - 7)``
+   probes (9 for a 32k-token prompt of 512 blocks) instead of one field per matched block.
+
+Step 3 assumes the replica's holdings are *prefix-closed*: holding block ``i`` implies holding
+blocks ``< i``. That is the normal state of a chained prefix cache (an engine can only reuse a
+block whose whole prefix it has; vLLM evicts the leaf blocks of a chain first, and every routed
+write covers a prefix from block 0). A hole past the first 8 blocks (a lost or out-of-order
+``BlockRemoved``, or an older middle block whose expiry ran out before its descendants') may be
+jumped over: the result is then *some* block ``m`` with ``m - 1`` held and ``m`` missing, never
+less than the exact leading run. Routing may then prefer that replica more than it deserves;
+the engine simply recomputes the missing blocks. Holes in the first 8 blocks (512 tokens at
+block size 64) are seen exactly, as by ``MemoryPrefixIndex`` (which walks every block): the
+parity suite keeps its hole cases within them.
+
+Measured (``ops/bench_index.py``, docs/index.md): the previous linear walk read one field per
+matched (block, replica): 1.2 ms inside Redis for 16 replicas matching 32..512 blocks of one
+prompt, 0.7 ms on average over the bench mix (0.12 ms now). A matching replica now costs 1 + 7
++ ~9 field reads, ~1 us each in a big HASH (cache misses); galloping (probes 1, 2, 4, ... past
+the head, then binary search) needs ~2 log2(match) probes and measured 1.2-1.4x slower on
+random depths; dropping the exact head (``EXACT_BLOCKS = 1``) would save ~30% on replicas that
+match.
+
+The reply is one JSON string built by ``cjson`` (per model ``{replica: matched}``): redis-py's
+pure-Python RESP parser spends 2-4 us per element of a multi-bulk reply (16 replicas: 33
+elements), json.loads ~2 us in all. Hashes go as one binary blob per model (8 bytes each,
+sliced lazily in Lua; Redis' Lua hashes every byte of a string argument, ~1 us per KB):
+encoding 512 separate arguments costs more than the script itself. (A HASH rather than a ZSET
+because ``ZMSCORE`` formats doubles: ~3x slower per probe, and ~50% more memory.) Writes
+(``record_routed``, a batch of events) are one script call too.
+
+Memory: 72-92 bytes per (block, replica) entry once a replica's HASH exceeds 128 entries
+(hashtable encoding; INFO used_memory, ``ops/bench_index.py``), ~71 MiB per million entries at
+16 replicas x 6k entries; see docs/index.md.
 
 Every command runs with ``socket_timeout = socket_connect_timeout = timeout_s`` and no
 retries; failures raise (``ResilientIndex`` turns them into a local fallback). redis-py's
@@ -41,8 +69,11 @@ retries; failures raise (``ResilientIndex`` turns them into a local fallback). r
 
 from __future__ import annotations
 
+import array
+import json
 import re
 import struct
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -59,6 +90,7 @@ __all__ = ["RedisPrefixIndex"]
 
 _MAX_HASHES_PER_CALL = 16_384  # bigger write batches are split so one script stays short
 _NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.:-]+$")
+_NATIVE_U64 = array.array("Q").itemsize == 8
 
 Op = tuple[str, str, str, int, Sequence[int]]  # kind, model, replica, ttl_ms, hashes
 
@@ -69,7 +101,12 @@ def _ms(seconds: float) -> int:
 
 def _blob(hashes: Sequence[int]) -> bytes:
     """Hashes as 8-byte big-endian fields, concatenated (split again inside Lua)."""
-    return struct.pack(f">{len(hashes)}Q", *hashes)
+    if _NATIVE_U64:  # array + byteswap: ~1.5x faster than struct.pack(">512Q", *hashes)
+        packed = array.array("Q", hashes)
+        if sys.byteorder == "little":
+            packed.byteswap()
+        return packed.tobytes()
+    return struct.pack(f">{len(hashes)}Q", *hashes)  # pragma: no cover - exotic platforms
 
 
 def _split(ops: Sequence[Op]) -> list[Op]:
@@ -145,15 +182,8 @@ class RedisPrefixIndex:
         for model in models:
             keys += self._model_keys(model)
             args += [self.key("r", model) + ":", _blob(hashes_by_model[model])]
-        raw = await self._lookup(keys=keys, args=args)
-        result: MatchInfo = {}
-        pos = 0
-        for model in models:
-            count = int(raw[pos])
-            flat = raw[pos + 1 : pos + 1 + 2 * count]
-            result[model] = {flat[i]: int(flat[i + 1]) for i in range(0, len(flat), 2)}
-            pos += 1 + 2 * count
-        return result
+        matches: list[dict[str, int]] = json.loads(await self._lookup(keys=keys, args=args))
+        return dict(zip(models, matches, strict=True))
 
     # ---- writes ---------------------------------------------------------------------------
 

@@ -10,9 +10,14 @@ allows ~8000).
 The per-replica holdings keys (``{ns}:r:<tag>:<replica>``) are built inside the scripts from
 replica names found in the declared ``{ns}:p:<tag>`` keys. They share the ``{ns}`` hash tag,
 hence the declared keys' cluster slot, which Redis Cluster accepts for undeclared keys.
+
+``LOOKUP`` (algorithm and its approximation: ``redis_index`` module docstring) answers with
+one JSON string (``cjson.encode``), cheaper to parse in redis-py than a multi-bulk reply.
 """
 
 from __future__ import annotations
+
+EXACT_BLOCKS = 8  # leading blocks matched exactly (holes seen); beyond: binary search
 
 _COMMON = """
 local _t = redis.call('TIME')
@@ -47,59 +52,85 @@ local function is_live(beats, tombs, r, live_ms, tomb_ms)
 end
 """
 
-# Longest run of leading hashes hs[1..n] held (unexpired) in holdings HASH ``rev``: HMGET in
-# growing chunks (4, 16, 64, ...), stopping at the first missing or expired block.
-_LONGEST = """
-local nlen = #now_s
-local function longest(rev, hs, n)
-  local pos, size = 0, 4
-  while pos < n do
-    local last = math.min(pos + size, n)
-    local vals = redis.call('HMGET', rev, unpack(hs, pos + 1, last))
-    for j = 1, last - pos do
-      local v = vals[j]  -- inlined alive_exp: this loop is the hot path
-      if not v or (#v == nlen and v <= now_s) or (#v ~= nlen and tonumber(v) <= now) then
-        return pos + j - 1
-      end
-    end
-    pos, size = last, math.min(size * 4, CHUNK)
+# Dead replicas of a model as a set: stale heartbeats and fresh tombstones (two range queries
+# that are empty in the common case, instead of decoding every score).
+_DEAD_SET = """
+local function dead_set(hb, dead, live_ms, tomb_ms)
+  local set = {}
+  for _, r in ipairs(redis.call('ZRANGEBYSCORE', hb, '-inf', '(' .. ms(now - live_ms))) do
+    set[r] = true
   end
-  return n
+  for _, r in ipairs(redis.call('ZRANGEBYSCORE', dead, ms(now - tomb_ms), '+inf')) do
+    set[r] = true
+  end
+  return set
+end
+"""
+
+# Leading match of the n hashes in ``blob`` (8 bytes each, sliced lazily) held unexpired in
+# holdings HASH ``rev``; ``first`` / ``head`` are block 1 / blocks 2..EXACT, sliced once per
+# model. Exact over the first EXACT blocks: HGET block 1 (a replica without it costs one
+# probe), then one HMGET of the head. Beyond that, binary search with single-field HGETs over
+# (EXACT, n]: ceil(log2(n - EXACT + 1)) probes, exact when the holdings are prefix-closed,
+# otherwise it returns SOME held -> missing boundary (never below the exact match).
+_LONGEST = """
+local EXACT = __EXACT__
+local nlen = #now_s
+local function alive(v)  -- HGET / HMGET value: false when missing
+  if not v then return false end
+  if #v == nlen then return v > now_s end
+  return tonumber(v) > now
+end
+local function longest(rev, blob, n, first, head)
+  if not alive(redis.call('HGET', rev, first)) then return 0 end
+  if #head > 0 then
+    local vals = redis.call('HMGET', rev, unpack(head))
+    for j = 1, #head do
+      if not alive(vals[j]) then return j end
+    end
+  end
+  local lo, hi = 1 + #head, n + 1  -- blocks 1..lo held, block hi missing (n + 1: virtual)
+  while hi - lo > 1 do
+    local mid = math.floor((lo + hi) / 2)
+    if alive(redis.call('HGET', rev, string.sub(blob, 8 * mid - 7, 8 * mid))) then
+      lo = mid
+    else
+      hi = mid
+    end
+  end
+  return lo
 end
 """
 
 # KEYS: per model: hb, dead, reps.   ARGV: live_ms, tomb_ms, then per model:
-# holdings-key prefix, hash blob. Returns per model: count, then (replica, matched) pairs.
+# holdings-key prefix, hash blob. Returns JSON: a list with, per model, {replica: matched}
+# (one bulk string: redis-py parses it far faster than a multi-bulk reply).
 LOOKUP = (
     _COMMON
-    + _LIVENESS_MAPS
-    + _LONGEST
+    + _DEAD_SET
+    + _LONGEST.replace("__EXACT__", str(EXACT_BLOCKS))
     + """
 local live_ms, tomb_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
 local out = {}
 for m = 1, #KEYS / 3 do
-  local hb, dead, reps = KEYS[3 * m - 2], KEYS[3 * m - 1], KEYS[3 * m]
   local rprefix, blob = ARGV[1 + 2 * m], ARGV[2 + 2 * m]
-  local found = {}
-  if #blob >= 8 then
-    local holders = redis.call('ZRANGEBYSCORE', reps, '(' .. now_s, '+inf')
+  local found, n = {}, math.floor(#blob / 8)
+  if n > 0 then
+    local holders = redis.call('ZRANGEBYSCORE', KEYS[3 * m], '(' .. now_s, '+inf')
     if #holders > 0 then
-      local hs, beats, tombs = split(blob), score_map(hb), score_map(dead)
+      local dead = dead_set(KEYS[3 * m - 2], KEYS[3 * m - 1], live_ms, tomb_ms)
+      local first, head = string.sub(blob, 1, 8), split(string.sub(blob, 9, 8 * EXACT))
       for _, r in ipairs(holders) do
-        if is_live(beats, tombs, r, live_ms, tomb_ms) then
-          local c = longest(rprefix .. r, hs, #hs)
-          if c > 0 then
-            found[#found + 1] = r
-            found[#found + 1] = c
-          end
+        if not dead[r] then
+          local c = longest(rprefix .. r, blob, n, first, head)
+          if c > 0 then found[r] = c end
         end
       end
     end
   end
-  out[#out + 1] = #found / 2
-  for _, v in ipairs(found) do out[#out + 1] = v end
+  out[m] = found
 end
-return out
+return cjson.encode(out)
 """
 )
 

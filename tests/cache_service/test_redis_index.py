@@ -128,13 +128,57 @@ async def test_lookup_stops_early(index: RedisPrefixIndex, raw_redis: aioredis.R
     await index.lookup({"m": h})
     await raw_redis.config_resetstat()
     assert await index.lookup({"m": [1] + h[1:]}) == {"m": {}}
-    calls = (await raw_redis.info("commandstats"))["cmdstat_hmget"]["calls"]
-    assert calls == 9  # one 4-hash probe per holder, nothing more
+    stats = await raw_redis.info("commandstats")
+    assert stats["cmdstat_hget"]["calls"] == 9  # one single-field probe per holder
+    assert "cmdstat_hmget" not in stats
     await raw_redis.config_resetstat()
     got = await index.lookup({"m": h})
     assert got == {"m": {"full": 512, **{f"r{i}": i for i in range(1, 9)}}}
-    calls = (await raw_redis.info("commandstats"))["cmdstat_hmget"]["calls"]
-    assert calls <= 8 * 2 + 6  # chunks of 4, 16, 64, 256, 1000: log-many calls
+    stats = await raw_redis.info("commandstats")
+    assert stats["cmdstat_hmget"]["calls"] == 9  # blocks 2..8 of each holder of block 1
+    # block 1 each, then log2(512 - 8) probes for "full" and "r8" (past the exact head)
+    assert stats["cmdstat_hget"]["calls"] <= 9 + 2 * 9
+
+
+async def test_binary_search_finds_every_depth(
+    index: RedisPrefixIndex, raw_redis: aioredis.Redis
+) -> None:
+    """Prefix-closed holdings (the normal case): the match is exact at every depth."""
+    h = block_hashes(list(range(64 * 600)), salt=5)
+    depths = [1, 2, 7, 8, 9, 10, 31, 32, 33, 100, 255, 256, 257, 511, 512, 513, 599, 600]
+    await index.apply_events([BlockStored("m", f"d{d}", tuple(h[:d])) for d in depths])
+    for n in (1, 8, 9, 300, 512, 600):
+        expected = {f"d{d}": min(d, n) for d in depths}
+        assert (await index.lookup({"m": h[:n]}))["m"] == expected
+    diverged = h[:200] + list(range(7, 407))  # the prompt diverges: later hashes all differ
+    assert (await index.lookup({"m": diverged}))["m"] == {f"d{d}": min(d, 200) for d in depths}
+    await raw_redis.config_resetstat()
+    await index.lookup({"m": h})
+    hget = (await raw_redis.info("commandstats"))["cmdstat_hget"]["calls"]
+    assert hget <= len(depths) * (1 + 10)  # block 1 + log2(600 - 8) probes per replica
+
+
+async def test_hole_beyond_exact_prefix_is_approximate(index: RedisPrefixIndex) -> None:
+    """Holes in the first EXACT_BLOCKS are exact; a deeper hole may be jumped over: the match
+    is then some held -> missing boundary, never less than the exact one (module docstring)."""
+    h = block_hashes(list(range(64 * 300)), salt=6)
+    await index.apply_events(
+        [
+            BlockStored("m", "early", tuple(h[:5] + h[6:])),  # hole at block 5: exact
+            BlockStored("m", "deep", tuple(h[:100] + h[101:])),  # hole at block 100
+        ]
+    )
+    got = (await index.lookup({"m": h}))["m"]
+    assert got["early"] == 5
+    assert got["deep"] in (100, 300)
+
+
+async def test_reply_survives_odd_replica_names(index: RedisPrefixIndex) -> None:
+    """The lookup reply is JSON built by cjson: names must round-trip whatever they contain."""
+    h = block_hashes(list(range(64 * 20)), salt=8)
+    names = ['q"uote\\back/slash', "1", "2", "ünï 🚀", "tab\tnl\n", "[]{}:,"]
+    await index.apply_events([BlockStored("m", r, tuple(h[: i + 1])) for i, r in enumerate(names)])
+    assert (await index.lookup({"m": h, "x": h}))["m"] == {r: i + 1 for i, r in enumerate(names)}
 
 
 async def test_expired_entries_deleted_lazily(redis_url: str, settings_for: SettingsFor) -> None:
@@ -207,7 +251,7 @@ async def test_raises_when_nothing_listens(unused_tcp_port: int) -> None:
 async def test_memory_per_block(
     index: RedisPrefixIndex, raw_redis: aioredis.Redis, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Bytes per (block, replica) entry; printed with -s (see bench_redis_index.py)."""
+    """Bytes per (block, replica) entry; printed with -s (see ops/bench_index.py)."""
     n = 20_000
     h = block_hashes(list(range(64 * n)), salt=7)
     before = (await raw_redis.info("memory"))["used_memory"]
