@@ -9,6 +9,7 @@ import sys
 import time
 
 from deploy.config import EngineName, KvrouteConfig, demo_config, load_config
+from ops.sim.cli import add_parser as add_sim
 from ops.status import add_parser as add_status
 
 
@@ -93,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     mm.add_argument("--seed", type=int, default=0)
     mm.set_defaults(func=cmd_make_model)
     add_status(sub)
+    add_sim(sub)
     return p
 
 

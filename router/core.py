@@ -25,7 +25,7 @@ from cache_service.index import PrefixIndex
 from deploy.config import KvrouteConfig, ModelConfig
 from ops import tracing
 from router import metrics, telemetry
-from router.context import Candidate, RequestContext
+from router.context import Candidate, RequestContext, build_candidate
 from router.errors import ApiError
 from router.load import LoadTracker, Ticket
 from router.pipeline import Pipeline
@@ -212,17 +212,14 @@ class RouterCore:
         if not view:
             raise ApiError(503, f"model {model!r} has no ready replica", "no_replica", None, 5)
         bs, rate = self.config.index.block_size, self.config.router.prefill_tokens_per_s
-        out = []
-        for info in view:
-            ongoing, pending, routed = self.loads.get(model, info.replica)
-            out.append(Candidate(
-                model, info.replica, matched_tokens=matches.get(info.replica, 0) * bs,
-                ongoing=max(ongoing, int(info.stats.get("ongoing_requests", 0))),
-                queued_prefill_tokens=max(pending, int(info.stats.get("queued_prefill_tokens", 0))),
-                kv_usage=float(info.stats.get("kv_usage", 0.0)), routed=routed,
+        return [
+            build_candidate(
+                model, info.replica, matched_blocks=matches.get(info.replica, 0), block_size=bs,
+                local=self.loads.get(model, info.replica), reported=info.stats,
                 prefill_tok_s=rate, max_ongoing=info.max_ongoing_requests,
-            ))
-        return out
+            )
+            for info in view
+        ]
 
     async def on_final(self, model: str, msg: dict[str, Any]) -> None:
         if events := msg.get("events"):

@@ -1,10 +1,17 @@
 """Named routing profiles: pipelines made of registered plugins.
 
-``kvroute`` (the default) minimises estimated time to first token: the queued
-prefill backlog plus this request's uncached tokens, over the prefill rate. It
-prices a cache hit and a queue in the same unit (seconds) instead of gating
-affinity on request-count thresholds, which track the prefill backlog poorly.
-A small ongoing-requests term breaks ties toward less decode contention.
+``kvroute`` (the default) minimises estimated time to first token plus the delay
+the request's own prefill causes to the requests that will queue behind it
+(queued-prefill-scorer: T * (1 + lambda * x), see its docstring). It prices a
+cache hit and a queue in the same unit (seconds) instead of gating affinity on
+request-count thresholds, which track the prefill backlog poorly. A small
+ongoing-requests term breaks ties toward less decode contention.
+
+The baselines are other systems' published algorithms, each a picker with no
+scorers (docs/routing.md): ``round-robin``, ``power-of-two`` (Ray Serve's default),
+``sglang-cache-aware`` (SGLang router's cache_aware) and ``ray-prefix-affinity``
+(Ray Serve LLM's PrefixCacheAffinityRouter). They learn approximate prefix trees
+from their own routing history and never read the index.
 """
 
 from __future__ import annotations
@@ -18,6 +25,11 @@ PROFILES: dict[str, PipelineConfig] = {
     ]),
     "least-loaded": PipelineConfig(scorers=[PluginRef(name="ongoing-requests-scorer")]),
     "prefix-only": PipelineConfig(scorers=[PluginRef(name="prefix-cache-scorer")]),
+    # Baselines (docs/routing.md): other systems' published algorithms, as pickers.
+    "round-robin": PipelineConfig(picker=PluginRef(name="round-robin-picker")),
+    "power-of-two": PipelineConfig(picker=PluginRef(name="power-of-two-picker")),
+    "sglang-cache-aware": PipelineConfig(picker=PluginRef(name="sglang-cache-aware-picker")),
+    "ray-prefix-affinity": PipelineConfig(picker=PluginRef(name="ray-prefix-affinity-picker")),
 }
 
 

@@ -7,8 +7,12 @@ from router.plugins import (  # noqa: F401  (imported to register)
     capacity_filter,
     max_score_picker,
     ongoing_requests_scorer,
+    power_of_two_picker,
     prefix_cache_scorer,
     queued_prefill_scorer,
+    ray_prefix_affinity_picker,
+    round_robin_picker,
+    sglang_cache_aware_picker,
 )
 from router.plugins.base import PLUGINS, Filter, Picker, Scorer, make_plugin, register
 

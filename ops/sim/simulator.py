@@ -1,0 +1,210 @@
+"""The event loop of ``kvroute sim``: production routing against engine emulators.
+
+Every request of the trace arrives at ``(timestamp - first timestamp) / speedup``
+seconds of virtual time. At each arrival the simulator does what ``RouterCore``
+does, with the same code:
+
+1. ``MemoryPrefixIndex.lookup`` of the request's ``hash_ids`` (used directly as
+   block hashes: one per 512-token block, chained, as the trace defines them);
+2. one ``Candidate`` per replica from ``router.context.build_candidate``: matched
+   blocks from the index, load = max(this router's ``LoadTracker`` view, the
+   replica's reported ``SimCore.load()``), and the replica's cumulative prefill
+   counters from which the kvroute scorer learns its prefill rate;
+3. ``Pipeline.rank`` with the named profile, then ``on_routed`` (baselines learn
+   their approximate trees there), ``LoadTracker.begin`` and the index's in-flight
+   ``record_routed`` write, then ``SimCore.submit`` on the chosen replica.
+
+Between arrivals every ``SimCore`` advances to the next arrival time; its outputs
+update the load tracker (first token, finish) and the per-request records, and its
+cache events (stored / removed) are applied to the index before the next decision.
+
+Simplifications (documented in docs/routing.md): one router, so the router-local
+load view is exact; the replicas' reported stats are fresh (no push delay); engine
+cache events reach the index with no latency (they are applied at the next
+arrival, the first moment the index is read). Cumulative prefill counters, which a
+real worker would report, are derived from the emulator's outputs: prefill is FIFO
+and one at a time, so a request's prefill starts at max(its arrival, the previous
+prefill's end) and ends at its first token; they are credited when it finishes
+(the emulator reports the cached tokens then). The whole run is one
+``asyncio.run``; nothing depends on wall time or unseeded randomness, so it is
+deterministic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from cache_service.index import IndexSettings
+from cache_service.memory_index import MemoryPrefixIndex
+from ops.sim.trace import TraceRequest
+from router.context import RequestContext, build_candidate
+from router.load import LoadTracker, Ticket
+from router.pipeline import Pipeline, PipelineConfig, PluginRef
+from router.plugins import PLUGINS
+from router.profiles import profile
+from workers.sim_core import SimCore, SimFinish, SimOutput, SimParams, SimRequest
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    replicas: int = 8
+    speedup: float = 1.0
+    kv_blocks: int = 1000  # C, per replica
+    block_size: int = 512
+    prefill_tok_s: float = 12000.0  # P, the emulated engines' real rate
+    tpot_s: float = 0.020
+    tpot_per_batch_s: float = 0.0002
+    policy: str = "kvroute"
+    seed: int = 0  # seeds random pickers (power of two and its fallbacks)
+    prior_prefill_tok_s: float = 4000.0  # the router's prior (production default)
+    tree_blocks: int | None = None  # baselines' tree cap; None: each plugin's default
+    model: str = "sim"
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    request_id: str
+    replica: str
+    arrival_s: float
+    prompt_tokens: int
+    predicted_cached: int
+    first_token_s: float | None = None
+    finish_s: float | None = None
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass(slots=True)
+class SimResult:
+    config: SimConfig
+    records: list[RequestRecord]
+    replicas: list[str]
+    prefill_busy_s: dict[str, float]  # per replica: seconds spent prefilling
+
+
+@dataclass(slots=True)
+class _Replica:
+    name: str
+    core: SimCore
+    last_prefill_end: float = 0.0
+    prefill_tokens_total: int = 0  # what a worker would report (cumulative counters)
+    prefill_busy_s: float = 0.0
+    prefilled: dict[str, float] = field(default_factory=dict)  # rid -> prefill seconds
+
+    def stats(self) -> dict[str, float]:
+        load = self.core.load()
+        return {
+            "ongoing_requests": load.ongoing_requests,
+            "queued_prefill_tokens": load.queued_prefill_tokens,
+            "kv_usage": load.kv_usage,
+            "prefill_tokens_total": self.prefill_tokens_total,
+            "prefill_busy_s": self.prefill_busy_s,
+        }
+
+
+def pipeline_config(cfg: SimConfig) -> PipelineConfig:
+    """The named profile, with ``seed`` (and ``max_blocks``, if ``tree_blocks`` is set)
+    applied to every plugin whose params have that field."""
+    base = profile(cfg.policy)
+    overrides: dict[str, Any] = {"seed": cfg.seed}
+    if cfg.tree_blocks is not None:
+        overrides["max_blocks"] = cfg.tree_blocks
+
+    def fix(ref: PluginRef) -> PluginRef:
+        fields = PLUGINS[ref.name].Params.model_fields
+        extra = {k: v for k, v in overrides.items() if k in fields and k not in ref.params}
+        return ref.model_copy(update={"params": {**ref.params, **extra}}) if extra else ref
+
+    return PipelineConfig(
+        filters=[fix(r) for r in base.filters],
+        scorers=[fix(r) for r in base.scorers],
+        picker=fix(base.picker),
+    )
+
+
+class Simulator:
+    def __init__(self, cfg: SimConfig) -> None:
+        self.cfg = cfg
+        self.now = 0.0
+        params = SimParams(
+            kv_blocks=cfg.kv_blocks, block_size=cfg.block_size, prefill_tok_s=cfg.prefill_tok_s,
+            tpot_s=cfg.tpot_s, tpot_per_batch_s=cfg.tpot_per_batch_s,
+        )
+        self.replicas = [
+            _Replica(f"r{i}", SimCore(params, cfg.model, f"r{i}")) for i in range(cfg.replicas)
+        ]
+        self._by_name = {r.name: r for r in self.replicas}
+        self.index = MemoryPrefixIndex(IndexSettings(), clock=lambda: self.now)
+        self.pipeline = Pipeline(pipeline_config(cfg))
+        self.loads = LoadTracker()
+        self.records: dict[str, RequestRecord] = {}
+        self._tickets: dict[str, Ticket] = {}
+
+    async def run(self, trace: Sequence[TraceRequest]) -> SimResult:
+        t0 = trace[0].arrival_s if trace else 0.0
+        for i, req in enumerate(trace):
+            await self._advance((req.arrival_s - t0) / self.cfg.speedup)
+            await self._route(f"req-{i}", req)
+        for rep in self.replicas:  # run every replica dry
+            self._absorb(rep, rep.core.advance(math.inf))
+        return SimResult(
+            self.cfg, list(self.records.values()), [r.name for r in self.replicas],
+            {r.name: r.prefill_busy_s for r in self.replicas},
+        )
+
+    async def _advance(self, t: float) -> None:
+        self.now = t
+        for rep in self.replicas:
+            self._absorb(rep, rep.core.advance(t))
+            if events := rep.core.drain_events():
+                await self.index.apply_events(events)
+
+    async def _route(self, rid: str, req: TraceRequest) -> None:
+        cfg, model = self.cfg, self.cfg.model
+        hashes = list(req.hash_ids)
+        matches = (await self.index.lookup({model: hashes})).get(model, {})
+        cands = [
+            build_candidate(
+                model, rep.name, matched_blocks=matches.get(rep.name, 0),
+                block_size=cfg.block_size, local=self.loads.get(model, rep.name),
+                reported=rep.stats(), prefill_tok_s=cfg.prior_prefill_tok_s,
+            )
+            for rep in self.replicas
+        ]
+        prompt = req.input_length
+        ctx = RequestContext(rid, {model: prompt}, {model: hashes}, cfg.block_size, cands,
+                             now=self.now)
+        target = self.pipeline.rank(ctx)[0]
+        self.pipeline.on_routed(ctx, target)
+        self._tickets[rid] = self.loads.begin(model, target.replica, ctx.uncached(target))
+        await self.index.record_routed(model, target.replica, hashes)
+        # Predicted as the engine counts: at least one prompt token is always computed.
+        predicted = min(target.matched_tokens, prompt - 1)
+        self.records[rid] = RequestRecord(rid, target.replica, self.now, prompt, predicted)
+        spec = SimRequest(rid, hashes, prompt, max(1, req.output_length))
+        self._by_name[target.replica].core.submit(spec, self.now)
+
+    def _absorb(self, rep: _Replica, outs: list[SimOutput]) -> None:
+        for out in outs:
+            rec = self.records[out.request_id]
+            if isinstance(out, SimFinish):
+                rec.finish_s, rec.cached_tokens = out.time, out.cached_tokens
+                rec.completion_tokens = out.completion_tokens
+                self.loads.end(self._tickets.pop(out.request_id))
+                rep.prefill_tokens_total += out.prompt_tokens - out.cached_tokens
+                rep.prefill_busy_s += rep.prefilled.pop(out.request_id, 0.0)
+            elif out.index == 0:  # first token: prefill just ended
+                rec.first_token_s = out.time
+                self.loads.first_token(self._tickets[out.request_id])
+                start = max(rec.arrival_s, rep.last_prefill_end)
+                rep.prefilled[out.request_id] = out.time - start
+                rep.last_prefill_end = out.time
+
+
+def simulate(trace: Sequence[TraceRequest], cfg: SimConfig) -> SimResult:
+    """Run the whole simulation (one private event loop; deterministic)."""
+    return asyncio.run(Simulator(cfg).run(trace))

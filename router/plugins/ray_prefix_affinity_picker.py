@@ -1,0 +1,75 @@
+"""ray-prefix-affinity-picker: Ray Serve LLM's ``PrefixCacheAffinityRouter``.
+
+State: an approximate prefix tree per replica (``approx_tree``) into which every
+routed prompt is inserted for the replica that got it. Load is requests in flight
+(Serve's queue length).
+
+Decision, in order:
+
+1. Imbalanced load, ``max - min > imbalanced_threshold`` (10): power of two
+   choices (two random replicas, the less loaded).
+2. Else, if the best tree match covers at least ``match_rate_threshold`` (0.1) of
+   the prompt: among the replicas with that match, the least loaded.
+3. Else: among the replicas with the smallest tree, the least loaded.
+
+Ray only evicts from its tree when ``do_eviction`` is set (then every 10 s, above
+a character threshold); ``max_blocks`` None (the default) means no eviction and
+``trim_interval_s`` is Ray's eviction interval. Ties go to the first candidate.
+"""
+
+from __future__ import annotations
+
+import random
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from router.context import Candidate, RequestContext
+from router.plugins.approx_tree import ApproxPrefixTree
+from router.plugins.base import register
+from router.plugins.power_of_two_picker import pow2_choice, rank_first
+from router.plugins.sglang_cache_aware_picker import (
+    least_loaded,
+    match_share,
+    smallest_tree,
+    tree_match,
+)
+
+
+class RayParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    imbalanced_threshold: int = Field(10, ge=0, description="Queue gap that means imbalance.")
+    match_rate_threshold: float = Field(0.1, ge=0.0, le=1.0, description="Match share to follow.")
+    trim_interval_s: float = Field(10.0, gt=0, description="Seconds between tree evictions.")
+    max_blocks: int | None = Field(None, ge=1, description="Blocks kept per tree; None: all.")
+    seed: int = Field(0, description="Seed of the power-of-two fallback.")
+
+
+@register("ray-prefix-affinity-picker", "picker")
+class RayPrefixAffinityPicker:
+    Params = RayParams
+
+    def __init__(self, params: RayParams) -> None:
+        self.params = params
+        self.tree = ApproxPrefixTree(params.max_blocks, params.trim_interval_s)
+        self._rng = random.Random(params.seed)
+
+    def pick(self, ctx: RequestContext, totals: list[float]) -> list[Candidate]:
+        cands = ctx.candidates
+        if not cands:
+            return []
+        self.tree.maybe_trim(ctx.now)
+        return rank_first(cands, self._choose(ctx, cands))
+
+    def _choose(self, ctx: RequestContext, cands: list[Candidate]) -> Candidate:
+        p = self.params
+        gap = max(c.ongoing for c in cands) - min(c.ongoing for c in cands)
+        if gap > p.imbalanced_threshold:
+            return pow2_choice(self._rng, cands)
+        blocks, holders = tree_match(self.tree, ctx)
+        if holders and match_share(ctx, holders[0], blocks) >= p.match_rate_threshold:
+            return least_loaded(holders)
+        return least_loaded(smallest_tree(self.tree, cands))
+
+    def on_routed(self, ctx: RequestContext, chosen: Candidate) -> None:
+        self.tree.insert((chosen.model, chosen.replica), ctx.hashes.get(chosen.model, []))
