@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from cache_service.hashing import DEFAULT_BLOCK_SIZE
+from router.auth import AuthConfig
 from router.pipeline import PipelineConfig
 from router.profiles import profile
 
@@ -142,10 +143,17 @@ class ServerConfig(_Strict):
 
 
 class KvrouteConfig(_Strict):
+    # The outermost model decides: no config error may echo its input (a key pasted
+    # into key_sha256 by mistake).
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+
     models: list[ModelConfig] = Field(min_length=1, description="Served models.")
     index: IndexConfig = Field(default_factory=IndexConfig, description="Prefix index.")
     router: RouterConfig = Field(default_factory=RouterConfig, description="Router ingress.")
     server: ServerConfig = Field(default_factory=ServerConfig, description="HTTP server.")
+    auth: AuthConfig = Field(
+        default_factory=AuthConfig, description="API keys and per-key rate limits (docs/auth.md)."
+    )
 
     @model_validator(mode="after")
     def _unique(self) -> KvrouteConfig:

@@ -36,7 +36,14 @@ from router import tool_calls as tc
 from router.anthropic_schema import CountTokensRequest, MessagesRequest
 from router.core import Generation, RouterCore
 from router.errors import ApiError
-from router.http_util import output_budget, parse_body, request_id, routing_headers, sampling
+from router.http_util import (
+    forwarded_headers,
+    output_budget,
+    parse_body,
+    request_id,
+    routing_headers,
+    sampling,
+)
 from router.normalize import ChatPrompt, to_chat
 from router.tokenization import ChatTokenizer, TemplateRenderError
 
@@ -45,6 +52,7 @@ DEFAULT_TEMPERATURE = 1.0
 
 
 async def messages(core: RouterCore, request: Request) -> Response:
+    key = core.auth.authenticate(request.headers)  # 401 before reading the body
     req = await parse_body(request, MessagesRequest)
     tok = core.tokenizer(req.model)
     ids = _encode(tok, to_chat(req))
@@ -55,7 +63,8 @@ async def messages(core: RouterCore, request: Request) -> Response:
     )
     rid = request_id("msg")
     session = req.session_id(request.headers.get("x-session-id"))
-    gen = await core.generate(req.model, ids, params, rid, request.headers, session)
+    gen = await core.generate(req.model, ids, params, rid, forwarded_headers(request),
+                              session, api_key=key)
     headers = {**routing_headers(gen), "request-id": rid}
     reply = _Reply(gen, req, _parser(core, req), bound)
     if req.stream:
@@ -65,6 +74,7 @@ async def messages(core: RouterCore, request: Request) -> Response:
 
 
 async def count_tokens(core: RouterCore, request: Request) -> Response:
+    core.auth.authenticate(request.headers)
     req = await parse_body(request, CountTokensRequest)
     tok = core.tokenizer(req.model)
     return JSONResponse({"input_tokens": len(_encode(tok, to_chat(req)))})

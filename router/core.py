@@ -25,10 +25,12 @@ from cache_service.index import PrefixIndex
 from deploy.config import KvrouteConfig, ModelConfig
 from ops import tracing
 from router import metrics, telemetry
+from router.auth import ApiKeyConfig, Authenticator
 from router.context import Candidate, RequestContext, build_candidate
 from router.errors import ApiError
 from router.load import LoadTracker, Ticket
 from router.pipeline import Pipeline
+from router.ratelimit import RateLimiter
 from router.request_router import RANK_KWARG
 from router.tokenization import ChatTokenizer
 from router.views import replica_view
@@ -54,6 +56,8 @@ class Generation:
     _info: telemetry.RequestInfo
     final: dict[str, Any] | None = None
     _closed: bool = field(default=False)
+    api_key: ApiKeyConfig | None = None  # set when rate-limited: close() refunds unused tokens
+    max_tokens: int = 0
 
     async def messages(self) -> AsyncIterator[dict[str, Any]]:
         try:
@@ -85,6 +89,9 @@ class Generation:
             self._core.loads.end(self._ticket)
             if self.final is None:
                 self._rest.cancel()  # client went away: abort on the worker
+            elif self.api_key is not None:  # give back the max_tokens it did not use
+                used = int((self.final.get("usage") or {}).get("completion_tokens", 0))
+                self._core.refund(self.api_key, self.max_tokens - used)
 
 
 class RouterCore:
@@ -100,6 +107,11 @@ class RouterCore:
             stored_ttl_s=idx.stored_ttl_s, liveness_ttl_s=idx.liveness_ttl_s,
         ), on_error=lambda op: metrics.INDEX_ERRORS.labels(op).inc())
         self.pipeline = Pipeline(config.router.routing())
+        self.auth = Authenticator.from_config(config.auth)
+        self.limiter = RateLimiter.from_url(
+            idx.redis_url if self.auth.enabled else None, idx.namespace, timeout_s=idx.timeout_s,
+            on_error=lambda op: metrics.INDEX_ERRORS.labels(op).inc(),
+        )
         self.loads = LoadTracker()
         self._known: dict[str, set[str]] = {}
         self._ticks = 0
@@ -121,9 +133,33 @@ class RouterCore:
     def ready(self) -> dict[str, int]:
         return {name: len(replica_view(name)) for name in self.models}
 
+    def refund(self, key: ApiKeyConfig, tokens: int) -> None:
+        if tokens > 0:
+            self._spawn(self.limiter.refund(key, tokens))
+
     async def generate(
         self, model: str, token_ids: list[int], sampling: dict[str, Any], request_id: str,
         headers: Mapping[str, str] | None = None, session_id: str | None = None,
+        api_key: ApiKeyConfig | None = None,
+    ) -> Generation:
+        """Admit (rate limits: prompt + max_tokens), then route and dispatch."""
+        if api_key is None:
+            return await self._generate(model, token_ids, sampling, request_id, headers,
+                                        session_id)
+        charged = len(token_ids) + int(sampling["max_tokens"])
+        await self.limiter.admit(api_key, charged)
+        try:
+            gen = await self._generate(model, token_ids, sampling, request_id, headers,
+                                       session_id)
+        except BaseException:
+            self.refund(api_key, charged)  # nothing was generated
+            raise
+        gen.api_key, gen.max_tokens = api_key, int(sampling["max_tokens"])
+        return gen
+
+    async def _generate(
+        self, model: str, token_ids: list[int], sampling: dict[str, Any], request_id: str,
+        headers: Mapping[str, str] | None, session_id: str | None,
     ) -> Generation:
         info = telemetry.current()
         info.model = model
@@ -260,3 +296,4 @@ class RouterCore:
             task.cancel()
         with contextlib.suppress(Exception):
             await self.index.close()
+        await self.limiter.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from fastapi.responses import JSONResponse
 
 _OPENAI_TYPES = {
@@ -40,7 +42,7 @@ _ANTHROPIC_TYPES = {
 def _headers(err: ApiError) -> dict[str, str]:
     if err.retry_after_s is None:
         return {}
-    return {"retry-after": str(max(1, round(err.retry_after_s)))}
+    return {"retry-after": str(max(1, math.ceil(err.retry_after_s)))}
 
 
 def anthropic_error(err: ApiError) -> JSONResponse:

@@ -32,6 +32,14 @@ async def parse_body(request: Request, schema: type[M]) -> M:
         raise ApiError(400, f"{param}: {first.get('msg')}", "invalid_request", param) from None
 
 
+_SECRET_HEADERS = frozenset({"authorization", "x-api-key"})
+
+
+def forwarded_headers(request: Request) -> dict[str, str]:
+    """Request headers for routing plugins and traces, without the API key."""
+    return {k: v for k, v in request.headers.items() if k not in _SECRET_HEADERS}
+
+
 def request_id(prefix: str) -> str:
     """Serve's request id, so the body id, logs and the x-request-id header agree."""
     rid = serve.context._get_serve_request_context().request_id  # noqa: SLF001

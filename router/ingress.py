@@ -24,6 +24,7 @@ from ray.serve.handle import DeploymentHandle
 from deploy.config import KvrouteConfig
 from ops.tracing import setup_tracing, shutdown_tracing
 from router import anthropic_routes, openai_routes
+from router.auth import exposure_warning
 from router.core import RouterCore
 from router.errors import ApiError, error_response
 from router.metrics_hub import push_metrics, render_metrics
@@ -75,6 +76,8 @@ class Ingress:
         self._replica = serve.get_replica_context().replica_id.unique_id
         self._core = RouterCore(self._config, handles)
         self._core.router_id = self._replica
+        if warning := exposure_warning(self._config.server.host, self._core.auth):
+            log.warning(warning)
         self._maintainer = asyncio.get_running_loop().create_task(self._maintain())
 
     async def _maintain(self) -> None:
@@ -107,7 +110,8 @@ class Ingress:
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/v1/models")
-    async def models(self) -> dict[str, Any]:
+    async def models(self, request: Request) -> dict[str, Any]:
+        self._core.auth.authenticate(request.headers)
         return openai_routes.list_models(self._core)
 
     @app.post("/v1/chat/completions")

@@ -26,7 +26,14 @@ from router import openai_api as oa
 from router import tool_calls as tc
 from router.core import Generation, RouterCore
 from router.errors import ApiError
-from router.http_util import output_budget, parse_body, request_id, routing_headers, sampling
+from router.http_util import (
+    forwarded_headers,
+    output_budget,
+    parse_body,
+    request_id,
+    routing_headers,
+    sampling,
+)
 from router.normalize import strip_volatile
 from router.openai_schema import ChatCompletionRequest, CompletionRequest, SamplingFields
 from router.tokenization import TemplateRenderError
@@ -41,6 +48,7 @@ def list_models(core: RouterCore) -> dict[str, Any]:
 
 
 async def chat_completions(core: RouterCore, request: Request) -> Response:
+    core.auth.authenticate(request.headers)  # 401 before reading the body
     req = await parse_body(request, ChatCompletionRequest)
     tok = core.tokenizer(req.model)
     try:
@@ -55,6 +63,7 @@ async def chat_completions(core: RouterCore, request: Request) -> Response:
 
 
 async def completions(core: RouterCore, request: Request) -> Response:
+    core.auth.authenticate(request.headers)  # 401 before reading the body
     req = await parse_body(request, CompletionRequest)
     tok = core.tokenizer(req.model)
     if isinstance(req.prompt, str):
@@ -127,7 +136,8 @@ async def _serve(core: RouterCore, request: Request, req: SamplingFields, ids: l
     budget = output_budget(core, req.model, len(ids), req.output_limit())
     params = sampling(budget, req.temperature, req.top_p, req.stop_list(), req.seed)
     gen = await core.generate(
-        req.model, ids, params, rid, request.headers, request.headers.get("x-session-id"),
+        req.model, ids, params, rid, forwarded_headers(request),
+        request.headers.get("x-session-id"), api_key=core.auth.authenticate(request.headers),
     )
     headers = routing_headers(gen)
     if req.stream:

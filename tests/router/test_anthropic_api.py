@@ -25,6 +25,7 @@ from fastapi.testclient import TestClient
 
 from deploy.config import ModelConfig
 from router import anthropic_routes, openai_routes
+from router.auth import ApiKeyConfig, Authenticator
 from router.errors import ApiError, error_response
 from router.tokenization import ChatTokenizer
 
@@ -81,6 +82,7 @@ class FakeCore:
         self.script = script or Script()
         self.calls: list[dict[str, Any]] = []
         self.gens: list[FakeGeneration] = []
+        self.auth = Authenticator([])  # open, like a config without keys
 
     def tokenizer(self, model: str) -> ChatTokenizer:
         if model not in self.models:
@@ -89,8 +91,10 @@ class FakeCore:
 
     async def generate(self, model: str, token_ids: list[int], sampling: dict[str, Any],
                        request_id: str, headers: Mapping[str, str] | None = None,
-                       session_id: str | None = None) -> FakeGeneration:
-        self.calls.append({"ids": token_ids, "sampling": sampling, "session_id": session_id})
+                       session_id: str | None = None,
+                       api_key: ApiKeyConfig | None = None) -> FakeGeneration:
+        self.calls.append({"ids": token_ids, "sampling": sampling, "session_id": session_id,
+                           "api_key": api_key, "headers": dict(headers or {})})
         if self.script.error is not None:
             raise self.script.error
         self.gens.append(FakeGeneration(self.script, len(token_ids)))
