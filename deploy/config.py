@@ -66,6 +66,8 @@ class ModelConfig(_Strict):
         None, ge=1, description="Spread replicas: at most this many on one node."
     )
     context_window: int = Field(32768, ge=16, description="Max prompt + output tokens.")
+    supports_tools: bool = Field(True, description="Whether the model can call tools.")
+    cost_per_mtok: float = Field(0.0, ge=0.0, description="Relative cost per 1M tokens.")
     direct_http: bool = Field(
         False, description="Also serve each replica's own OpenAI endpoint on 127.0.0.1 "
         "(bypassing the router), e.g. to benchmark other routers over the same replicas.",
@@ -85,6 +87,16 @@ class ModelConfig(_Strict):
         if not v or any(c in v for c in " /#{}"):
             raise ValueError("model name must be non-empty without spaces, '/', '#', '{', '}'")
         return v
+
+
+class GroupMember(_Strict):
+    model: str = Field(description="A model of this config.")
+    weight: float = Field(1.0, gt=0.0, le=1.0, description="Preference within the group.")
+
+
+class ModelGroup(_Strict):
+    name: str = Field(description="Alias clients send as `model`, e.g. `coder`.")
+    models: list[GroupMember] = Field(min_length=1, description="Members, with preferences.")
 
 
 class IndexConfig(_Strict):
@@ -148,6 +160,10 @@ class KvrouteConfig(_Strict):
     model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
     models: list[ModelConfig] = Field(min_length=1, description="Served models.")
+    groups: list[ModelGroup] = Field(
+        default_factory=list, description="Aliases over several models ('auto' = all "
+        "models unless defined). Members must share a tokenizer and chat template.",
+    )
     index: IndexConfig = Field(default_factory=IndexConfig, description="Prefix index.")
     router: RouterConfig = Field(default_factory=RouterConfig, description="Router ingress.")
     server: ServerConfig = Field(default_factory=ServerConfig, description="HTTP server.")
@@ -160,7 +176,26 @@ class KvrouteConfig(_Strict):
         names = [m.name for m in self.models]
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate model names: {names}")
+        for g in self.groups:
+            if g.name in names:
+                raise ValueError(f"group {g.name!r} has the name of a model")
+            unknown = [m.model for m in g.models if m.model not in names]
+            if unknown:
+                raise ValueError(f"group {g.name!r} names unknown models {unknown}")
+        if len({g.name for g in self.groups}) != len(self.groups):
+            raise ValueError("duplicate group names")
         return self
+
+    def resolve(self, name: str) -> dict[str, float] | None:
+        """A model or group name -> {model: preference weight}; None if unknown."""
+        if self.model(name) is not None:
+            return {name: 1.0}
+        group = next((g for g in self.groups if g.name == name), None)
+        if group is not None:
+            return {m.model: m.weight for m in group.models}
+        if name == "auto":
+            return {m.name: 1.0 for m in self.models}
+        return None
 
     def model(self, name: str) -> ModelConfig | None:
         return next((m for m in self.models if m.name == name), None)

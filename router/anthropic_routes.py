@@ -64,7 +64,7 @@ async def messages(core: RouterCore, request: Request) -> Response:
     rid = request_id("msg")
     session = req.session_id(request.headers.get("x-session-id"))
     gen = await core.generate(req.model, ids, params, rid, forwarded_headers(request),
-                              session, api_key=key)
+                              session, api_key=key, has_tools=bool(req.tools))
     headers = {**routing_headers(gen), "request-id": rid}
     reply = _Reply(gen, req, _parser(core, req), bound)
     if req.stream:
@@ -90,7 +90,7 @@ def _encode(tok: ChatTokenizer, prompt: ChatPrompt) -> list[int]:
 
 def _budget(core: RouterCore, model: str, prompt_len: int, max_tokens: int) -> tuple[int, bool]:
     """(output limit, whether it was cut to fit the context); 413 if nothing fits."""
-    window = core.models[model].context_window
+    window = core.context_window(model)
     room = window - prompt_len
     if room <= 0:
         raise ApiError(413, f"prompt is too long: {prompt_len} tokens > {window - 1} maximum",
@@ -101,7 +101,7 @@ def _budget(core: RouterCore, model: str, prompt_len: int, max_tokens: int) -> t
 def _parser(core: RouterCore, req: MessagesRequest) -> tc.MarkerParser | None:
     if not req.tools or (req.tool_choice and req.tool_choice.type == "none"):
         return None
-    return tc.make_parser(tc.family_for_model(core.models[req.model].model_path))
+    return tc.make_parser(tc.family_for_model(core.primary(req.model).model_path))
 
 
 class _Reply:

@@ -42,6 +42,14 @@ class RequestContext:
     # When the decision is made (seconds, monotonic): time-based plugin state (e.g. tree
     # trimming) reads it, so an offline simulator can pass virtual time.
     now: float = field(default_factory=time.monotonic)
+    # Model selection and sessions (defaults: one explicit model, no session history).
+    model_weights: dict[str, float] = field(default_factory=dict)  # preference, (0, 1]
+    max_tokens: int = 0  # the output budget this request asks for
+    context_windows: dict[str, int] = field(default_factory=dict)
+    has_tools: bool = False
+    tool_models: frozenset[str] | None = None  # models able to call tools (None: all)
+    model_costs: dict[str, float] = field(default_factory=dict)  # per million tokens
+    sticky: tuple[str, str] | None = None  # the session's last (model, replica)
 
     def uncached(self, c: Candidate) -> int:
         return max(0, self.prompt_tokens.get(c.model, 0) - c.matched_tokens)

@@ -32,6 +32,13 @@ from router.load import LoadTracker, Ticket
 from router.pipeline import Pipeline
 from router.ratelimit import RateLimiter
 from router.request_router import RANK_KWARG
+from router.selection import (
+    RouteRequest,
+    SessionTable,
+    check_shared_tokenizers,
+    fingerprint,
+    request_context,
+)
 from router.tokenization import ChatTokenizer
 from router.views import replica_view
 from workers.publisher import from_wire
@@ -99,6 +106,8 @@ class RouterCore:
         self.config = config
         self.models: dict[str, ModelConfig] = {m.name: m for m in config.models}
         self.tokenizers = {m.name: ChatTokenizer(m.model_path) for m in config.models}
+        check_shared_tokenizers(config, self.tokenizers)
+        self.sessions = SessionTable()
         self._salts = {m.name: model_salt(m.name) for m in config.models}
         self._handles = {name: h.options(stream=True) for name, h in handles.items()}
         idx = config.index
@@ -118,10 +127,27 @@ class RouterCore:
         self.router_id = ""  # this router replica, for the x-kvroute-router header
         self._tasks: set[asyncio.Task[Any]] = set()
 
-    def tokenizer(self, model: str) -> ChatTokenizer:
-        if model not in self.tokenizers:
-            raise ApiError(404, f"model {model!r} does not exist", "model_not_found", "model")
-        return self.tokenizers[model]
+    def resolve(self, name: str) -> dict[str, float]:
+        """A model, group or 'auto' -> {model: preference}; 404 if unknown."""
+        weights = self.config.resolve(name)
+        if weights is None:
+            raise ApiError(404, f"model {name!r} does not exist", "model_not_found", "model")
+        if name == "auto" and len(weights) > 1:  # only models that share one tokenization
+            first = fingerprint(self.tokenizers[next(iter(weights))])
+            weights = {m: w for m, w in weights.items()
+                       if fingerprint(self.tokenizers[m]) == first}
+        return weights
+
+    def primary(self, name: str) -> ModelConfig:
+        """The model config behind a name (a group's first member)."""
+        return self.models[next(iter(self.resolve(name)))]
+
+    def context_window(self, name: str) -> int:
+        return max(self.models[m].context_window for m in self.resolve(name))
+
+    def tokenizer(self, name: str) -> ChatTokenizer:
+        """The tokenizer of a model, or of a group (whose members share one)."""
+        return self.tokenizers[next(iter(self.resolve(name)))]
 
     def replica_stats(self) -> dict[str, list[dict[str, Any]]]:
         return {
@@ -140,66 +166,81 @@ class RouterCore:
     async def generate(
         self, model: str, token_ids: list[int], sampling: dict[str, Any], request_id: str,
         headers: Mapping[str, str] | None = None, session_id: str | None = None,
-        api_key: ApiKeyConfig | None = None,
+        api_key: ApiKeyConfig | None = None, has_tools: bool = False,
     ) -> Generation:
-        """Admit (rate limits: prompt + max_tokens), then route and dispatch."""
+        """Admit (rate limits: prompt + max_tokens), then route and dispatch.
+
+        ``model`` may name a model, a group or 'auto': (model, replica) pairs of every
+        member are scored together.
+        """
+        req = RouteRequest(model, token_ids, sampling, request_id, headers or {}, session_id,
+                           has_tools)
         if api_key is None:
-            return await self._generate(model, token_ids, sampling, request_id, headers,
-                                        session_id)
+            return await self._generate(req)
         charged = len(token_ids) + int(sampling["max_tokens"])
         await self.limiter.admit(api_key, charged)
         try:
-            gen = await self._generate(model, token_ids, sampling, request_id, headers,
-                                       session_id)
+            gen = await self._generate(req)
         except BaseException:
             self.refund(api_key, charged)  # nothing was generated
             raise
         gen.api_key, gen.max_tokens = api_key, int(sampling["max_tokens"])
         return gen
 
-    async def _generate(
-        self, model: str, token_ids: list[int], sampling: dict[str, Any], request_id: str,
-        headers: Mapping[str, str] | None, session_id: str | None,
-    ) -> Generation:
+    async def _generate(self, req: RouteRequest) -> Generation:
         info = telemetry.current()
-        info.model = model
+        info.model = req.name
+        weights = self.resolve(req.name)
         started = time.perf_counter()
-        hashes = block_hashes(token_ids, self.config.index.block_size, self._salts[model])
+        bs = self.config.index.block_size
+        hashes = {m: block_hashes(req.token_ids, bs, self._salts[m]) for m in weights}
         with telemetry.TRACER.start_as_current_span("index.lookup") as span:
-            match = await self.index.lookup({model: hashes})
-            span.set_attribute("kvroute.blocks", len(hashes))
+            match = await self.index.lookup(hashes)  # one round trip for every candidate model
+            span.set_attribute("kvroute.blocks", len(next(iter(hashes.values()))))
         metrics.LOOKUP.observe(time.perf_counter() - started)
-        ctx = RequestContext(
-            request_id, {model: len(token_ids)}, {model: hashes},
-            self.config.index.block_size, await self._candidates(model, match.get(model, {})),
-            headers or {}, session_id,
-        )
+        ctx = request_context(self.config, req, weights, hashes, await self._all_candidates(
+            weights, match), self.sessions.get(req.session_id))
         with telemetry.TRACER.start_as_current_span("route"):
             ranked = self.pipeline.rank(ctx)
             if ranked:
                 self.pipeline.on_routed(ctx, ranked[0])
         metrics.ROUTE.observe(time.perf_counter() - started)
-        payload = {"request_id": request_id, "token_ids": token_ids, "sampling": sampling}
-        return await self._dispatch_with_retries(model, ranked, ctx, hashes, payload, info)
+        payload = {"request_id": req.request_id, "token_ids": req.token_ids,
+                   "sampling": req.sampling}
+        gen = await self._dispatch_with_retries(ranked, ctx, payload, info)
+        info.model = gen.model
+        self.sessions.remember(req.session_id, gen.model, gen.replica)
+        return gen
 
     async def _dispatch_with_retries(
-        self, model: str, ranked: list[Candidate], ctx: RequestContext, hashes: list[int],
-        payload: dict[str, Any], info: telemetry.RequestInfo,
+        self, ranked: list[Candidate], ctx: RequestContext, payload: dict[str, Any],
+        info: telemetry.RequestInfo,
     ) -> Generation:
-        failed: set[str] = set()
+        failed: set[tuple[str, str]] = set()
         with telemetry.TRACER.start_as_current_span("dispatch") as span:
             payload["trace"] = tracing.inject()  # the worker's spans join this trace
             for attempt in range(self.config.router.max_retries + 1):
-                order = [c for c in ranked if c.replica not in failed] or ranked
-                gen = await self._dispatch(model, order, ctx, hashes, payload, info)
+                left = [c for c in ranked if (c.model, c.replica) not in failed] or ranked
+                model = left[0].model  # the best pair's model, with its replicas in rank order
+                order = [c for c in left if c.model == model]
+                try:
+                    gen = await self._dispatch(model, order, ctx, ctx.hashes[model], payload,
+                                               info)
+                except ApiError as e:  # overloaded or stuck: fall back to the next model
+                    if e.code not in ("overloaded", "timeout") or all(
+                            c.model == model for c in left):
+                        raise
+                    failed |= {(model, c.replica) for c in order}
+                    continue
                 if gen is not None:
                     span.set_attribute("kvroute.replica", gen.replica)
                     span.set_attribute("kvroute.retry", attempt)
                     return gen
-                failed.add(order[0].replica)
+                failed.add((model, order[0].replica))
                 metrics.RETRIES.labels(model).inc()
         info.failed = True
-        raise ApiError(503, f"no replica of {model!r} could take the request", "no_replica")
+        raise ApiError(503, f"no replica of {ranked[0].model!r} could take the request",
+                       "no_replica")
 
     async def _dispatch(
         self, model: str, order: list[Candidate], ctx: RequestContext,
@@ -239,14 +280,21 @@ class RouterCore:
             first, resp, self, ticket, info,
         )
 
-    async def _candidates(self, model: str, matches: Mapping[str, int]) -> list[Candidate]:
-        view = replica_view(model)
+    async def _all_candidates(
+        self, weights: Mapping[str, float], match: Mapping[str, Mapping[str, int]]
+    ) -> list[Candidate]:
+        cands = [c for m in weights for c in self._candidates(m, match.get(m, {}))]
         deadline = asyncio.get_running_loop().time() + _VIEW_WAIT_S
-        while not view and asyncio.get_running_loop().time() < deadline:
+        while not cands and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.05)  # replicas starting, or this handle just initialised
-            view = replica_view(model)
-        if not view:
-            raise ApiError(503, f"model {model!r} has no ready replica", "no_replica", None, 5)
+            cands = [c for m in weights for c in self._candidates(m, match.get(m, {}))]
+        if not cands:
+            names = ", ".join(weights)
+            raise ApiError(503, f"no ready replica of {names}", "no_replica", None, 5)
+        return cands
+
+    def _candidates(self, model: str, matches: Mapping[str, int]) -> list[Candidate]:
+        view = replica_view(model)
         bs, rate = self.config.index.block_size, self.config.router.prefill_tokens_per_s
         return [
             build_candidate(

@@ -58,13 +58,14 @@ def routing_headers(gen: Generation) -> dict[str, str]:
 
 def output_budget(core: RouterCore, model: str, prompt_len: int, limit: int | None) -> int:
     """The max_tokens to use; 413 if the prompt plus the limit overflow the context."""
-    cfg = core.models[model]
-    room = cfg.context_window - prompt_len
+    members = [core.models[m] for m in core.resolve(model)]  # a group: its largest model
+    window = max(m.context_window for m in members)
+    room = window - prompt_len
     if room <= 0 or (limit is not None and limit > room):
         raise ApiError(413, f"prompt ({prompt_len} tokens) plus max_tokens ({limit}) exceed "
-                       f"the context window of {model} ({cfg.context_window})",
+                       f"the context window of {model} ({window})",
                        "context_length_exceeded", "messages")
-    return limit or min(cfg.default_max_tokens, room)
+    return limit or min(min(m.default_max_tokens for m in members), room)
 
 
 def sampling(max_tokens: int, temperature: float | None, top_p: float | None,

@@ -42,8 +42,9 @@ log = logging.getLogger(__name__)
 
 
 def list_models(core: RouterCore) -> dict[str, Any]:
+    names = [*core.models, *(g.name for g in core.config.groups)]
     data = [{"id": name, "object": "model", "owned_by": "kvroute", "created": 0}
-            for name in core.models]
+            for name in names]
     return {"object": "list", "data": data}
 
 
@@ -57,7 +58,7 @@ async def chat_completions(core: RouterCore, request: Request) -> Response:
         raise ApiError(400, str(e), "invalid_messages", "messages") from None
     parser = None
     if req.parses_tools():
-        parser = tc.make_parser(tc.family_for_model(core.models[req.model].model_path))
+        parser = tc.make_parser(tc.family_for_model(core.primary(req.model).model_path))
     out = _Output(parser, single_call=req.parallel_tool_calls is False)
     return await _serve(core, request, req, tok.encode(text), out)
 
@@ -138,6 +139,7 @@ async def _serve(core: RouterCore, request: Request, req: SamplingFields, ids: l
     gen = await core.generate(
         req.model, ids, params, rid, forwarded_headers(request),
         request.headers.get("x-session-id"), api_key=core.auth.authenticate(request.headers),
+        has_tools=bool(getattr(req, "tools", None)),
     )
     headers = routing_headers(gen)
     if req.stream:

@@ -4,8 +4,12 @@
 the request's own prefill causes to the requests that will queue behind it
 (queued-prefill-scorer: T * (1 + lambda * x), see its docstring). It prices a
 cache hit and a queue in the same unit (seconds) instead of gating affinity on
-request-count thresholds, which track the prefill backlog poorly. A small
-ongoing-requests term breaks ties toward less decode contention.
+request-count thresholds, which track the prefill backlog poorly. A session's
+last replica gets a bonus (0.3) while its estimated TTFT stays within ~1.4x the
+best; a group's preferred model gets up to 0.5, so a conversation stays on the
+model whose cache is warm unless re-prefilling elsewhere costs little. A small
+ongoing-requests term breaks ties toward less decode contention. With one model
+and no session, only the estimated-TTFT term decides.
 
 The baselines are other systems' published algorithms, each a picker with no
 scorers (docs/routing.md): ``round-robin``, ``power-of-two`` (Ray Serve's default),
@@ -19,10 +23,16 @@ from __future__ import annotations
 from router.pipeline import PipelineConfig, PluginRef
 
 PROFILES: dict[str, PipelineConfig] = {
-    "kvroute": PipelineConfig(scorers=[
-        PluginRef(name="queued-prefill-scorer", weight=1.0),
-        PluginRef(name="ongoing-requests-scorer", weight=0.1),
-    ]),
+    "kvroute": PipelineConfig(
+        filters=[PluginRef(name="capacity-filter"), PluginRef(name="context-window-filter"),
+                 PluginRef(name="tools-filter")],
+        scorers=[
+            PluginRef(name="queued-prefill-scorer", weight=1.0),
+            PluginRef(name="session-affinity-scorer", weight=0.3),
+            PluginRef(name="model-preference-scorer", weight=0.5),
+            PluginRef(name="ongoing-requests-scorer", weight=0.1),
+        ],
+    ),
     "least-loaded": PipelineConfig(scorers=[PluginRef(name="ongoing-requests-scorer")]),
     "prefix-only": PipelineConfig(scorers=[PluginRef(name="prefix-cache-scorer")]),
     # Baselines (docs/routing.md): other systems' published algorithms, as pickers.

@@ -7,6 +7,7 @@ the fast ``tokenizers`` library. Only token ids travel on to the workers.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from datetime import datetime
 from pathlib import Path
@@ -68,6 +69,8 @@ class ChatTokenizer:
             "eos_token": _token_text(cfg.get("eos_token")) or "",
         }
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        self.vocab_fingerprint = hashlib.sha256(
+            (folder / "tokenizer.json").read_bytes()).hexdigest()
 
     def render(
         self,

@@ -84,15 +84,26 @@ class FakeCore:
         self.gens: list[FakeGeneration] = []
         self.auth = Authenticator([])  # open, like a config without keys
 
-    def tokenizer(self, model: str) -> ChatTokenizer:
+    def resolve(self, model: str) -> dict[str, float]:
         if model not in self.models:
             raise ApiError(404, f"model {model!r} does not exist", "model_not_found", "model")
+        return {model: 1.0}
+
+    def primary(self, model: str) -> ModelConfig:
+        return self.models[next(iter(self.resolve(model)))]
+
+    def context_window(self, model: str) -> int:
+        return self.primary(model).context_window
+
+    def tokenizer(self, model: str) -> ChatTokenizer:
+        self.resolve(model)
         return self.tok
 
     async def generate(self, model: str, token_ids: list[int], sampling: dict[str, Any],
                        request_id: str, headers: Mapping[str, str] | None = None,
                        session_id: str | None = None,
-                       api_key: ApiKeyConfig | None = None) -> FakeGeneration:
+                       api_key: ApiKeyConfig | None = None,
+                       has_tools: bool = False) -> FakeGeneration:
         self.calls.append({"ids": token_ids, "sampling": sampling, "session_id": session_id,
                            "api_key": api_key, "headers": dict(headers or {})})
         if self.script.error is not None:

@@ -1,0 +1,77 @@
+"""Model selection on real Serve with two sim-engine models behind one alias:
+the preferred model serves an idle group, a conversation stays on the model
+whose cache is warm, and when the preferred model is full the group falls back."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from deploy.config import KvrouteConfig, ServerConfig
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def stack(ray_local: None, tiny_model_dir: Path, serve_port: int) -> Iterator[str]:
+    from ray import serve
+
+    from deploy import runtime
+
+    sim = {"engine": "sim", "model_path": str(tiny_model_dir), "num_replicas": 1,
+           "num_cpus": 0.1, "engine_kwargs": {"tpot_s": 0.002, "prefill_tok_s": 100000.0}}
+    cfg = KvrouteConfig.model_validate({
+        "models": [{"name": "big", **sim, "max_ongoing_requests": 1}, {"name": "small", **sim}],
+        "groups": [{"name": "coder", "models": [{"model": "big", "weight": 1.0},
+                                                {"model": "small", "weight": 0.6}]}],
+        "server": ServerConfig(host="127.0.0.1", port=serve_port).model_dump(),
+    })
+    url = runtime.deploy(cfg)
+    runtime.wait_healthy(url, timeout_s=120)
+    yield url
+    serve.delete(runtime.APP_NAME)
+
+
+def _chat(url: str, model: str, text: str, session: str | None = None) -> httpx.Response:
+    headers = {"x-session-id": session} if session else {}
+    body = {"model": model, "max_tokens": 3, "messages": [{"role": "user", "content": text}]}
+    r = httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=60)
+    assert r.status_code == 200, r.text
+    return r
+
+
+def test_group_is_listed(stack: str) -> None:
+    ids = {m["id"] for m in httpx.get(f"{stack}/v1/models").json()["data"]}
+    assert ids == {"big", "small", "coder"}
+
+
+def test_idle_group_prefers_its_first_model(stack: str) -> None:
+    assert _chat(stack, "coder", "hello there").headers["x-kvroute-model"] == "big"
+
+
+def test_warm_conversation_stays_on_the_model_it_started_on(stack: str) -> None:
+    prefix = "a long agent conversation " * 60
+    assert _chat(stack, "small", prefix).headers["x-kvroute-model"] == "small"
+    # Sent to the group now: its KV lives on small, re-prefilling on big costs more.
+    r = _chat(stack, "coder", prefix + " next turn", session="s-1")
+    assert r.headers["x-kvroute-model"] == "small"
+    assert int(r.headers["x-kvroute-predicted-cached-tokens"]) > 0
+
+
+async def _burst(url: str, n: int) -> list[httpx.Response]:
+    async with httpx.AsyncClient(timeout=60) as client:
+        body = {"model": "coder", "max_tokens": 40,
+                "messages": [{"role": "user", "content": "busy work"}]}
+        return await asyncio.gather(*(client.post(f"{url}/v1/chat/completions", json=body)
+                                      for _ in range(n)))
+
+
+def test_group_falls_back_when_preferred_model_is_full(stack: str) -> None:
+    replies = asyncio.run(_burst(stack, 4))  # big takes one at a time (max_ongoing 1)
+    assert all(r.status_code == 200 for r in replies)
+    served = [r.headers["x-kvroute-model"] for r in replies]
+    assert "big" in served and "small" in served, served
