@@ -10,6 +10,7 @@ import sys
 import time
 
 from deploy.config import EngineName, KvrouteConfig, demo_config, load_config
+from ops.bench.cli import add_parser as add_bench
 from ops.sim.cli import add_parser as add_sim
 from ops.status import add_parser as add_status
 
@@ -116,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     mm.set_defaults(func=cmd_make_model)
     add_status(sub)
     add_sim(sub)
+    add_bench(sub)
     return p
 
 

@@ -1,26 +1,330 @@
-"""A replica's own OpenAI endpoint on loopback, bypassing the router (stub).
+"""A replica's own OpenAI endpoint on loopback, bypassing the router.
 
-Being built for `kvroute bench compare` (issue 9): other routers such as
-sglang-router are pointed at these endpoints, so every router drives the same
-replicas.
+For ``kvroute bench compare`` (issue 9): other routers (sglang-router, a plain
+round-robin) are pointed at these endpoints, so every router drives the same
+replicas, and kvroute's own overhead is measured against calling a replica
+directly. Turned on by ``ModelConfig.direct_http``.
+
+It serves, on ``127.0.0.1`` and a free port:
+
+* ``POST /v1/chat/completions``: the chat is templated and tokenized exactly as the
+  router does it (``router.openai_routes`` message normalisation, the model's chat
+  template via ``ChatTokenizer``), so a conversation reaches the engine as the same
+  token ids whichever way it came; tool calls are parsed as the router parses them.
+* ``POST /v1/completions``: ``prompt`` as a string or a list of token ids.
+* Both stream (SSE, ``stream_options.include_usage``) or not, with usage carrying
+  ``prompt_tokens_details.cached_tokens`` from the engine, and the header
+  ``x-kvroute-replica``.
+* What sglang-router probes at startup and while routing: ``GET /health``,
+  ``/health_generate``, ``/v1/models``, ``/get_model_info``, ``/get_server_info``
+  (and ``/server_info``, ``/model_info``), ``/get_load``; ``POST /flush_cache`` is
+  accepted and does nothing.
+
+It runs with uvicorn inside the replica's event loop, as one asyncio task, on a
+socket bound before the server starts (no port race); ``stop()`` sets
+``should_exit``. uvicorn's signal capture is disabled: the replica process, not
+this endpoint, owns SIGINT/SIGTERM. Prompts are encoded on one worker thread of
+its own (``encode_batch`` releases the GIL), which ``stop()`` shuts down: a long
+prompt must not stall the engine that shares this event loop (a real serving
+stack tokenizes outside its scheduler too).
+
+Not kvroute's router: no prefix index, no retries, no auth, no rate limits. In
+memory-index mode the worker piggybacks its cache events on each final message;
+the ones of requests served here are dropped (nothing routes on them).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import uvicorn
+from pydantic import BaseModel, ValidationError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from tokenizers import Tokenizer
+
+from router import openai_api as oa
+from router import tool_calls as tc
+from router.errors import ApiError, openai_error
+from router.openai_routes import _messages as chat_messages  # the router's own normalisation
+from router.openai_schema import ChatCompletionRequest, CompletionRequest, SamplingFields
+from router.tokenization import ChatTokenizer, TemplateRenderError, resolve_model_dir
 
 Generate = Callable[..., AsyncIterator[dict[str, Any]]]
+M = TypeVar("M", bound=BaseModel)
+log = logging.getLogger(__name__)
+DEFAULT_MAX_TOKENS = 1024
+_START_TIMEOUT_S = 30.0
+_STOP_TIMEOUT_S = 10.0
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without signal capture: the replica owns the process's signals."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
 
 
 class DirectHttp:
+    """One replica's OpenAI endpoint (see the module docstring)."""
+
     def __init__(self, model: str, model_path: str, generate: Generate,
                  host: str = "127.0.0.1") -> None:
         self.model, self.model_path, self._generate, self.host = model, model_path, generate, host
         self.address: str | None = None
+        self.ongoing = 0
+        self._tok: ChatTokenizer | None = None
+        self._encoder: Tokenizer | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._parser_family: str | None = None
+        self._server: _Server | None = None
+        self._task: asyncio.Task[None] | None = None
 
+    # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
-        raise NotImplementedError("direct_http is not available yet")
+        """Bind a free port on ``host`` and serve; returns once the server accepts."""
+        self._tok = ChatTokenizer(self.model_path)
+        self._encoder = Tokenizer.from_file(str(resolve_model_dir(self.model_path) /
+                                                "tokenizer.json"))
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="direct-http-encode")
+        self._parser_family = tc.family_for_model(self.model_path)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, 0))
+        config = uvicorn.Config(
+            self.app(), log_level="warning", access_log=False, lifespan="off",
+            timeout_keep_alive=75,
+        )
+        self._server = _Server(config)
+        self._task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[sock]))
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while not self._server.started:
+            if self._task.done():
+                sock.close()
+                self._task.result()  # raises the server's startup error
+                raise RuntimeError("direct HTTP server exited during startup")
+            if time.monotonic() > deadline:
+                await self.stop()
+                raise TimeoutError("direct HTTP server did not start")
+            await asyncio.sleep(0.01)
+        port = sock.getsockname()[1]
+        self.address = f"{self.host}:{port}"
+        log.info("direct OpenAI endpoint of %s on http://%s", self.model, self.address)
 
     async def stop(self) -> None:
-        return None
+        if self._server is not None and self._task is not None:
+            self._server.should_exit = True
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), _STOP_TIMEOUT_S)
+            except TimeoutError:
+                self._server.force_exit = True
+                self._task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await self._task
+            except Exception:  # the server failed; it is stopped either way
+                log.exception("direct HTTP server failed")
+        self._server = self._task = None
+        self.address = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    def app(self) -> Starlette:
+        get = ["GET"]
+        routes = [
+            Route("/v1/chat/completions", self._chat, methods=["POST"]),
+            Route("/v1/completions", self._completions, methods=["POST"]),
+            Route("/v1/models", self._models, methods=get),
+            Route("/health", self._health, methods=get),
+            Route("/health_generate", self._health, methods=get),
+            Route("/get_model_info", self._model_info, methods=get),
+            Route("/model_info", self._model_info, methods=get),
+            Route("/get_server_info", self._server_info, methods=get),
+            Route("/server_info", self._server_info, methods=get),
+            Route("/get_load", self._load, methods=get),
+            Route("/flush_cache", self._health, methods=["POST", "GET"]),
+        ]
+        return Starlette(routes=routes)
+
+    # -- info endpoints ----------------------------------------------------------------
+    async def _health(self, _: Request) -> Response:
+        return Response(status_code=200)
+
+    async def _models(self, _: Request) -> Response:
+        data = [{"id": self.model, "object": "model", "owned_by": "kvroute", "created": 0,
+                 "root": self.model_path}]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def _model_info(self, _: Request) -> Response:
+        return JSONResponse({"model_path": self.model_path, "tokenizer_path": self.model_path,
+                             "served_model_name": self.model, "is_generation": True})
+
+    async def _server_info(self, _: Request) -> Response:
+        return JSONResponse({"model_path": self.model_path, "tokenizer_path": self.model_path,
+                             "served_model_name": self.model, "dp_size": 1, "tp_size": 1,
+                             "version": "kvroute-direct"})
+
+    async def _load(self, _: Request) -> Response:
+        return JSONResponse([{"dp_rank": 0, "num_reqs": self.ongoing, "num_waiting_reqs": 0}])
+
+    # -- generation --------------------------------------------------------------------
+    async def _chat(self, request: Request) -> Response:
+        try:
+            req = await _parse(request, ChatCompletionRequest)
+            self._check_model(req.model)
+            assert self._tok is not None
+            try:
+                text = self._tok.render(chat_messages(req), tools=req.template_tools())
+            except TemplateRenderError as e:
+                raise ApiError(400, str(e), "invalid_messages", "messages") from None
+            parser = tc.make_parser(self._parser_family) if req.parses_tools() else None
+            return await self._serve(req, await self._encode(text), True, parser)
+        except ApiError as e:
+            return openai_error(e)
+
+    async def _completions(self, request: Request) -> Response:
+        try:
+            req = await _parse(request, CompletionRequest)
+            self._check_model(req.model)
+            assert self._tok is not None
+            if isinstance(req.prompt, str):
+                ids = await self._encode(req.prompt)
+            else:
+                ids = list(req.prompt)
+                if any(t < 0 or t >= self._tok.vocab_size for t in ids):
+                    raise ApiError(400, f"prompt token ids must lie in [0, "
+                                   f"{self._tok.vocab_size})", "invalid_token_ids", "prompt")
+            if not ids:
+                raise ApiError(400, "prompt is empty", "empty_prompt", "prompt")
+            return await self._serve(req, ids, False, None)
+        except ApiError as e:
+            return openai_error(e)
+
+    async def _encode(self, text: str) -> list[int]:
+        """``ChatTokenizer.encode`` (same file, same flags) off the event loop."""
+        assert self._encoder is not None and self._pool is not None
+        enc = self._encoder
+
+        def run() -> list[int]:
+            return enc.encode_batch([text], add_special_tokens=False)[0].ids
+
+        return await asyncio.get_running_loop().run_in_executor(self._pool, run)
+
+    def _check_model(self, model: str) -> None:
+        if model != self.model and model != self.model_path:
+            raise ApiError(404, f"model {model!r} does not exist", "model_not_found", "model")
+
+    async def _serve(self, req: SamplingFields, ids: list[int], chat: bool,
+                     parser: tc.MarkerParser | None) -> Response:
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        payload = {"request_id": rid, "token_ids": ids, "sampling": {
+            "max_tokens": req.output_limit() or DEFAULT_MAX_TOKENS,
+            "temperature": 0.0 if req.temperature is None else req.temperature,
+            "top_p": 1.0 if req.top_p is None else req.top_p,
+            "stop": req.stop_list(), "seed": req.seed,
+        }}
+        self.ongoing += 1
+        gen = self._generate(payload)
+        try:
+            first = await anext(gen)
+        except Exception as e:  # the engine failed before its first token
+            self.ongoing -= 1
+            await gen.aclose()
+            log.warning("direct request %s failed: %r", rid, e)
+            return openai_error(ApiError(503, "generation failed", "replica_failed"))
+        headers = {"x-kvroute-replica": str(first.get("replica", "")), "x-request-id": rid}
+        run = _Run(gen, first, parser)
+        if req.stream:
+            include = bool(req.stream_options and req.stream_options.include_usage)
+            body = self._stream(run, rid, req.model, chat, include)
+            return StreamingResponse(body, media_type="text/event-stream", headers=headers)
+        try:
+            await run.collect()
+        except Exception as e:
+            log.warning("direct request %s failed: %r", rid, e)
+            return openai_error(ApiError(503, "generation failed", "replica_failed"))
+        finally:
+            self.ongoing -= 1
+            await gen.aclose()
+        text = "".join(run.text)
+        body = (oa.chat_completion(rid, req.model, text, run.final, run.calls) if chat
+                else oa.text_completion(rid, req.model, text, run.final))
+        return JSONResponse(body, headers=headers)
+
+    async def _stream(self, run: _Run, rid: str, model: str, chat: bool,
+                      include_usage: bool) -> AsyncIterator[bytes]:
+        try:
+            if chat:
+                yield oa.sse(oa.chat_chunk(rid, model, {"role": "assistant", "content": ""}, None))
+            async for delta in run.deltas():
+                yield oa.sse(oa.chat_chunk(rid, model, delta, None) if chat
+                             else oa.text_chunk(rid, model, delta.get("content", ""), None))
+            reason = oa.finish_reason(run.final, bool(run.calls))
+            yield oa.sse(oa.chat_chunk(rid, model, {}, reason) if chat
+                         else oa.text_chunk(rid, model, "", reason))
+            if include_usage:
+                obj = "chat.completion.chunk" if chat else "text_completion"
+                yield oa.sse(oa.usage_chunk(rid, model, obj, run.final))
+        except Exception as e:  # the engine failed mid-stream: end with an error chunk
+            log.warning("direct stream %s failed: %r", rid, e)
+            yield oa.sse(oa.stream_error("generation failed"))
+        finally:
+            self.ongoing -= 1
+            await run.gen.aclose()  # also on client disconnect: aborts the generation
+        yield oa.sse("[DONE]")
+
+
+class _Run:
+    """One generation's wire messages → text / tool-call deltas, final message kept."""
+
+    def __init__(self, gen: AsyncIterator[dict[str, Any]], first: dict[str, Any],
+                 parser: tc.MarkerParser | None) -> None:
+        self.gen, self.first, self.parser = gen, first, parser
+        self.final: dict[str, Any] | None = None
+        self.text: list[str] = []
+        self.calls: list[tc.ToolCall] = []
+
+    async def _messages(self) -> AsyncIterator[dict[str, Any]]:
+        msg: dict[str, Any] | None = self.first
+        while msg is not None:
+            if "finish_reason" in msg:
+                self.final = msg
+            yield msg
+            msg = None if self.final else await anext(self.gen, None)
+
+    async def deltas(self) -> AsyncIterator[dict[str, Any]]:
+        async for ev in tc.events(self._messages(), self.parser):
+            if isinstance(ev, str):
+                self.text.append(ev)
+                yield {"content": ev}
+            else:
+                self.calls.append(ev)
+                yield {"tool_calls": [oa.tool_call(ev, len(self.calls) - 1)]}
+
+    async def collect(self) -> None:
+        async for _ in self.deltas():
+            pass
+
+
+async def _parse(request: Request, schema: type[M]) -> M:
+    body = await request.body()
+    try:
+        return schema.model_validate(json.loads(body))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise ApiError(400, f"body is not valid JSON: {e}", "invalid_json") from None
+    except ValidationError as e:
+        first = e.errors()[0]
+        param = ".".join(str(p) for p in first.get("loc", ()))
+        raise ApiError(400, f"{param}: {first.get('msg')}", "invalid_request", param) from None

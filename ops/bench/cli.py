@@ -1,0 +1,253 @@
+"""``kvroute bench``: load against a URL, ``bench compare`` of routers, ``bench index``.
+
+    kvroute bench --url http://127.0.0.1:8000 --workload agent --concurrency 16 \\
+        --duration 120 --out agent.json --plot plots/
+    kvroute bench --url URL --workload trace --trace ../shared/traces/mooncake_trace_1000.jsonl \\
+        --speedup 2 --duration 60
+    kvroute bench compare --engine sim --replicas 4 --workload agent --duration 180 \\
+        --out compare.json --plot plots/
+    kvroute bench index --redis-url redis://127.0.0.1:6379/0     (see ops.bench_index)
+
+Options of a mode go after its name (``kvroute bench compare --duration 10``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shlex
+import sys
+from dataclasses import asdict, fields, replace
+from pathlib import Path
+from typing import Any
+
+# bench compare's default load: 20 concurrent agent sessions keep 4 sim replicas (P = 4000
+# tok/s) about 70-75 % prefill-busy under kvroute (docs/benchmarks.md).
+DEFAULT_CONCURRENCY = 20
+
+
+def _load_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workload", choices=["agent", "trace"], default="agent")
+    p.add_argument("--trace", help="Mooncake JSONL (for --workload trace)")
+    p.add_argument("--speedup", type=float, default=1.0, help="trace: timestamps / S")
+    loop = p.add_mutually_exclusive_group()
+    loop.add_argument("--concurrency", type=int, help="closed loop: N sessions (or requests)")
+    loop.add_argument("--rate", type=float, help="open loop: sessions (or requests) per s")
+    p.add_argument("--duration", type=float, default=60.0, help="seconds of sending")
+    p.add_argument("--ramp", type=float, default=10.0, help="closed loop: start slots over S")
+    p.add_argument("--drain-timeout", type=float, default=300.0, help="wait for in-flight")
+    p.add_argument("--seed", type=int, default=0, help="workload and arrival seed")
+    p.add_argument("--agent", action="append", default=[], metavar="KEY=VALUE",
+                   help="override an AgentParams field (ops.bench.workloads), repeatable")
+    p.add_argument("--out", type=Path, help="write the JSON here")
+    p.add_argument("--plot", type=Path, help="write PNG plots into this folder")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "bench", help="load generator and trace replay against a URL; compare routers",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--url", help="base URL of an OpenAI-compatible server")
+    p.add_argument("--model", help="model to request (default: the first of /v1/models)")
+    p.add_argument("--label", default="", help="the policy name written in the JSON")
+    p.add_argument("--replicas", type=int, help="for the JSON (default: kvroute's count)")
+    p.add_argument("--prefill-tok-s", type=float, help="engine prefill rate, for busy%%")
+    p.add_argument("--vocab-size", type=int, default=4096, help="trace: token ids below this")
+    p.add_argument("--max-requests", type=int, help="trace: replay only the first N")
+    p.add_argument("--max-context", type=int,
+                   help="trace: leave out requests whose input + output exceed this")
+    p.add_argument("--salt", default="", help="prefix every prompt (isolates runs' caches)")
+    _load_args(p)
+    p.set_defaults(func=cmd_bench)
+    modes = p.add_subparsers(dest="bench_mode", metavar="{compare,index}")
+    c = modes.add_parser(
+        "compare", help="kvroute vs round-robin vs sglang-router over the same replicas",
+        description=_compare_doc(), formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    c.add_argument("--engine", choices=["sim", "mlx", "vllm"], default="sim")
+    c.add_argument("--replicas", type=int, default=4)
+    c.add_argument("--model-path", help="model folder (default: the tiny offline model)")
+    c.add_argument("--port", type=int, default=0, help="Serve HTTP port (0: a free one)")
+    c.add_argument("--prefill-tok-s", type=float, default=4000.0, help="sim: P, tok/s")
+    c.add_argument("--tpot-ms", type=float, default=20.0, help="sim: decode step at batch 1")
+    c.add_argument("--kv-blocks", type=int, default=4096, help="sim: 64-token blocks / replica")
+    c.add_argument("--overhead-samples", type=int, default=300)
+    c.add_argument("--routers", default=",".join(_routers()), help="comma-separated subset")
+    c.add_argument("--markdown", type=Path, help="also write a markdown report here")
+    c.add_argument("--sglang-args", default="",
+                   help="extra sglang-router flags for the cache_aware run (default: none)")
+    _load_args(c)
+    c.set_defaults(func=cmd_compare)
+    i = modes.add_parser("index", help="Redis prefix-index latency vs PING (ops.bench_index)")
+    from ops import bench_index
+
+    bench_index.add_arguments(i)
+    i.set_defaults(func=bench_index.run)
+
+
+def _compare_doc() -> str:
+    from ops.bench import compare
+
+    return compare.__doc__ or ""
+
+
+def _routers() -> tuple[str, ...]:
+    return ("kvroute", "round-robin", "sglang-router")
+
+
+def _agent_params(args: argparse.Namespace) -> Any:
+    from ops.bench.workloads import AgentParams
+
+    types = {f.name: f.type for f in fields(AgentParams)}
+    upd: dict[str, Any] = {"seed": args.seed}
+    for item in args.agent:
+        key, _, value = item.partition("=")
+        if key not in types:
+            raise SystemExit(f"--agent {key}: unknown; known: {sorted(types)}")
+        upd[key] = float(value) if types[key] == "float" else int(value)
+    return replace(AgentParams(), **upd)
+
+
+def _spec(args: argparse.Namespace, concurrency: int | None) -> Any:
+    from ops.bench.client import LoadSpec
+
+    return LoadSpec(duration_s=args.duration, concurrency=concurrency, rate=args.rate,
+                    speedup=args.speedup, ramp_s=args.ramp, seed=args.seed,
+                    drain_timeout_s=args.drain_timeout)
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=160)
+
+
+# -- kvroute bench --url -----------------------------------------------------------------
+def cmd_bench(args: argparse.Namespace) -> int:
+    if not args.url:
+        raise SystemExit("kvroute bench: --url is required (or use `bench compare`)")
+    if args.workload == "trace" and not args.trace:
+        raise SystemExit("--workload trace needs --trace FILE")
+    bench, records = asyncio.run(_bench(args))
+    from ops.bench import report
+
+    report.validate(bench)
+    _console().print(report.rich_table({bench["policy"]: bench}, title=f"{args.workload} bench"))
+    _write(args, {bench["policy"]: bench}, {bench["policy"]: records}, bench)
+    return 0 if bench["errors"] == 0 else 1
+
+
+async def _bench(args: argparse.Namespace) -> tuple[dict[str, Any], list[Any]]:
+    from ops.bench import client as cl
+    from ops.bench import workloads as wl
+    from ops.bench.report import bench_json
+
+    model = args.model or await cl.fetch_model(args.url)
+    spec = _spec(args, args.concurrency)
+    params: dict[str, Any] = {"url": args.url, "model": model, "salt": args.salt,
+                              "load": asdict(spec)}
+    if args.workload == "agent":
+        agent = _agent_params(args)
+        driver = cl.agent_driver(wl.AgentWorkload(agent, args.salt), spec)
+        params["agent"] = agent.to_dict()
+    else:
+        items = wl.trace_requests(args.trace, args.vocab_size, args.salt, args.max_requests,
+                                  args.max_context)
+        driver = cl.trace_driver(items, spec)
+        params.update(trace=str(args.trace), vocab_size=args.vocab_size,
+                      max_context=args.max_context, speedup=args.speedup)
+    replicas = args.replicas if args.replicas is not None else await _count_replicas(args.url)
+    label = args.label or "server"
+    async with cl.Client(args.url, model) as client:
+        records = await cl.Runner(client, spec, label, not args.quiet).run(driver)
+    bench = bench_json(records, workload=args.workload, policy=label, replicas=replicas,
+                       params=params, prefill_tok_s=args.prefill_tok_s)
+    return bench, records
+
+
+async def _count_replicas(url: str) -> int:
+    """kvroute's worker replica count from /kvroute/replicas; 0 for other servers."""
+    import aiohttp
+
+    try:
+        async with aiohttp.ClientSession() as s, s.get(f"{url}/kvroute/replicas") as r:
+            if r.status != 200:
+                return 0
+            models = (await r.json()).get("models", {})
+            return sum(len(v) for v in models.values())
+    except (aiohttp.ClientError, ValueError):
+        return 0
+
+
+# -- kvroute bench compare ---------------------------------------------------------------
+def cmd_compare(args: argparse.Namespace) -> int:
+    if args.workload != "agent":
+        raise SystemExit("bench compare runs --workload agent: sglang-router 0.3.2 refuses the "
+                         "token-id prompts of trace replay on /v1/completions (HTTP 422)")
+    routers = tuple(r.strip() for r in args.routers.split(",") if r.strip())
+    unknown = set(routers) - set(_routers())
+    if unknown:
+        raise SystemExit(f"--routers: unknown {sorted(unknown)}")
+    if not os.environ.get("RAY_ADDRESS"):
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # before Ray loads
+    # Serve's per-request logs stay in their files instead of streaming to this process.
+    os.environ.setdefault("RAY_SERVE_LOG_TO_STDERR", "0")
+    from deploy import runtime
+    from ops.bench.compare import CompareSpec, run_compare
+
+    concurrency = args.concurrency or (None if args.rate else DEFAULT_CONCURRENCY)
+    spec = CompareSpec(
+        engine=args.engine, replicas=args.replicas, load=_spec(args, concurrency),
+        agent=_agent_params(args), model_path=args.model_path,
+        port=args.port, overhead_samples=args.overhead_samples, routers=routers,
+        sglang_args=tuple(shlex.split(args.sglang_args)),
+        sim={"prefill_tok_s": args.prefill_tok_s, "tpot_s": args.tpot_ms / 1000.0,
+             "tpot_per_batch_s": 0.0002, "kv_blocks": args.kv_blocks},
+    )
+    runtime.init_ray("127.0.0.1", num_cpus=max(4, args.replicas + 2))
+    try:
+        result, records = run_compare(spec, show=not args.quiet)
+    finally:
+        runtime.shutdown()
+    result["command"] = "kvroute bench " + shlex.join(sys.argv[sys.argv.index("compare"):]) \
+        if "compare" in sys.argv else "kvroute bench compare"
+    _print_compare(result)
+    _write(args, result["routers"], records, result)
+    if args.markdown:
+        from ops.bench.report import markdown_compare
+
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(markdown_compare(result))
+    goals = result["goals"]
+    return 0 if goals["zero_errors"] and goals["all_served"] else 1
+
+
+def _print_compare(result: dict[str, Any]) -> None:
+    from ops.bench.report import rich_table
+
+    console = _console()
+    console.print(rich_table(result["routers"], title="bench compare (TTFT/TPOT/E2E in s)"))
+    for key in ("router_overhead_s", "serve_proxy_overhead_s"):
+        o = result[key]
+        console.print(f"{key}: p50 {1000 * o['p50']:.2f} ms  p99 {1000 * o['p99']:.2f} ms")
+    console.print("goals: " + "  ".join(
+        f"{k} {'[green]ok[/]' if v else '[red]MISSED[/]'}" for k, v in result["goals"].items()))
+
+
+def _write(args: argparse.Namespace, benches: dict[str, Any], records: dict[str, Any],
+           result: dict[str, Any]) -> None:
+    from ops.bench import report
+
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    if args.plot:
+        title = f"{args.workload}: " + ", ".join(benches)
+        report.plot_ttft_cdf(records, args.plot / "ttft_cdf.png", f"TTFT CDF ({title})")
+        report.plot_cached_ratio(records, args.plot / "cached_ratio.png",
+                                 f"cached token ratio over time ({title})")

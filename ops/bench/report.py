@@ -1,0 +1,248 @@
+"""Bench JSON (ARCHITECTURE.md's schema, as ``kvroute sim`` writes it), tables and plots.
+
+Definitions, on the client's clock:
+
+* TTFT, TPOT, E2E: per request, as ``ops.bench.client`` measures them; over the
+  requests that succeeded. Percentiles interpolate linearly (numpy's default).
+* throughput_tok_s: completion tokens / window, the window running from the first
+  request sent to the last one finished.
+* cached_token_ratio: cached tokens the engines reported / prompt tokens (actual).
+* predicted_cached_token_ratio: kvroute's ``x-kvroute-predicted-cached-tokens`` /
+  prompt tokens (0 for servers that do not send it).
+* params.prefill_busy (when the prefill rate P is known, e.g. the sim engine's):
+  uncached prompt tokens / (P x replicas x window), the share of the fleet's
+  prefill capacity the run used. For the sim engine this is its exact prefill time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ops.bench.client import Record
+
+_STATS = {"type": "object", "additionalProperties": {"type": "number"}}
+
+
+def _stat_schema(*pcts: str) -> dict[str, Any]:
+    keys = ["mean", *pcts]
+    return {**_STATS, "required": keys,
+            "properties": {k: {"type": "number", "minimum": 0} for k in keys}}
+
+
+BENCH_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "kvroute bench result",
+    "type": "object",
+    "required": ["workload", "policy", "replicas", "requests", "errors", "ttft_s", "tpot_s",
+                 "e2e_s", "throughput_tok_s", "cached_token_ratio",
+                 "predicted_cached_token_ratio", "per_replica_requests", "params"],
+    "properties": {
+        "workload": {"type": "string"},
+        "policy": {"type": "string"},
+        "replicas": {"type": "integer", "minimum": 0},
+        "requests": {"type": "integer", "minimum": 0},
+        "errors": {"type": "integer", "minimum": 0},
+        "ttft_s": _stat_schema("p50", "p90", "p99"),
+        "tpot_s": _stat_schema("p50", "p99"),
+        "e2e_s": _stat_schema("p50", "p99"),
+        "throughput_tok_s": {"type": "number", "minimum": 0},
+        "cached_token_ratio": {"type": "number", "minimum": 0, "maximum": 1},
+        "predicted_cached_token_ratio": {"type": "number", "minimum": 0},
+        "per_replica_requests": {"type": "object",
+                                 "additionalProperties": {"type": "integer", "minimum": 0}},
+        "params": {"type": "object"},
+    },
+}
+
+
+def validate(bench: Mapping[str, Any]) -> None:
+    """Raises ``jsonschema.ValidationError`` if ``bench`` breaks the schema."""
+    import jsonschema
+
+    jsonschema.validate(dict(bench), BENCH_SCHEMA)
+
+
+def stats(xs: Sequence[float], pcts: Sequence[int]) -> dict[str, float]:
+    if not xs:
+        return {"mean": 0.0, **{f"p{p}": 0.0 for p in pcts}}
+    arr = np.asarray(xs, dtype=float)
+    return {"mean": float(arr.mean()), **{f"p{p}": float(np.percentile(arr, p)) for p in pcts}}
+
+
+def window_s(records: Sequence[Record]) -> float:
+    ends = [r.start_s + r.e2e_s for r in records if r.e2e_s is not None]
+    if not records or not ends:
+        return 0.0
+    return max(ends) - min(r.start_s for r in records)
+
+
+def bench_json(
+    records: Sequence[Record], *, workload: str, policy: str, replicas: int,
+    params: Mapping[str, Any], prefill_tok_s: float | None = None,
+) -> dict[str, Any]:
+    done = [r for r in records if r.ok]
+    prompt = sum(r.prompt_tokens for r in done)
+    cached = sum(r.cached_tokens for r in done)
+    completion = sum(r.completion_tokens for r in done)
+    window = window_s(records)
+    per_replica: dict[str, int] = {}
+    for r in done:
+        per_replica[r.replica or "unknown"] = per_replica.get(r.replica or "unknown", 0) + 1
+    measured: dict[str, Any] = {
+        "window_s": window, "prompt_tokens": prompt, "cached_tokens": cached,
+        "completion_tokens": completion,
+        "error_samples": sorted({r.error for r in records if r.error})[:5],
+    }
+    if prefill_tok_s and replicas and window > 0:
+        measured["prefill_tok_s"] = prefill_tok_s
+        measured["prefill_busy"] = (prompt - cached) / (prefill_tok_s * replicas * window)
+    return {
+        "workload": workload,
+        "policy": policy,
+        "replicas": replicas,
+        "requests": len(records),
+        "errors": len(records) - len(done),
+        "ttft_s": stats([r.ttft_s for r in done if r.ttft_s is not None], (50, 90, 99)),
+        "tpot_s": stats([r.tpot_s for r in done if r.tpot_s is not None], (50, 99)),
+        "e2e_s": stats([r.e2e_s for r in done if r.e2e_s is not None], (50, 99)),
+        "throughput_tok_s": completion / window if window > 0 else 0.0,
+        "cached_token_ratio": cached / prompt if prompt else 0.0,
+        "predicted_cached_token_ratio":
+            sum(r.predicted_cached_tokens for r in done) / prompt if prompt else 0.0,
+        "per_replica_requests": dict(sorted(per_replica.items())),
+        "params": {**params, **measured},
+    }
+
+
+# -- tables ------------------------------------------------------------------------------
+_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("requests", "{:d}"), ("errors", "{:d}"), ("ttft_mean", "{:.3f}"), ("ttft_p50", "{:.3f}"),
+    ("ttft_p90", "{:.3f}"), ("ttft_p99", "{:.3f}"), ("tpot_p50", "{:.4f}"),
+    ("e2e_p50", "{:.2f}"), ("hit%", "{:.1f}"), ("pred%", "{:.1f}"), ("busy%", "{:.1f}"),
+    ("tok/s", "{:.0f}"),
+)
+
+
+def row(bench: Mapping[str, Any]) -> dict[str, Any]:
+    t, p = bench["ttft_s"], bench["params"]
+    busy = p.get("prefill_busy")
+    return {
+        "requests": bench["requests"], "errors": bench["errors"], "ttft_mean": t["mean"],
+        "ttft_p50": t["p50"], "ttft_p90": t["p90"], "ttft_p99": t["p99"],
+        "tpot_p50": bench["tpot_s"]["p50"], "e2e_p50": bench["e2e_s"]["p50"],
+        "hit%": 100 * bench["cached_token_ratio"],
+        "pred%": 100 * bench["predicted_cached_token_ratio"],
+        "busy%": 100 * busy if busy is not None else float("nan"),
+        "tok/s": bench["throughput_tok_s"],
+    }
+
+
+def _cells(bench: Mapping[str, Any]) -> list[str]:
+    r = row(bench)
+    return [fmt.format(r[name]) for name, fmt in _COLUMNS]
+
+
+def rich_table(benches: Mapping[str, Mapping[str, Any]], title: str = "") -> Any:
+    """A rich Table, one row per run (TTFT/TPOT/E2E in seconds, ratios in %)."""
+    from rich.table import Table
+
+    table = Table(title=title or None)
+    table.add_column("run")
+    for name, _ in _COLUMNS:
+        table.add_column(name, justify="right")
+    for name, bench in benches.items():
+        table.add_row(name, *_cells(bench))
+    return table
+
+
+def markdown_table(benches: Mapping[str, Mapping[str, Any]]) -> str:
+    names = ["run", *(n for n, _ in _COLUMNS)]
+    lines = ["| " + " | ".join(names) + " |", "|---" + "|---:" * len(_COLUMNS) + "|"]
+    for name, bench in benches.items():
+        lines.append("| " + " | ".join([name, *_cells(bench)]) + " |")
+    return "\n".join(lines)
+
+
+def markdown_compare(result: Mapping[str, Any]) -> str:
+    """A markdown section for ``bench compare``: command, machine, date, table, overheads."""
+    env, lat = result.get("env", {}), result.get("latency_s", {})
+    lines = [
+        f"Command: `{result.get('command', 'kvroute bench compare')}`  ",
+        f"Machine: {env.get('machine', '?')}; Python {env.get('python', '?')}, "
+        f"Ray {env.get('ray', '?')}, sglang-router {env.get('sglang_router', '?')}  ",
+        f"Date: {env.get('date', '?')}", "", markdown_table(result["routers"]), "",
+        "| overhead (idle, minimal request) | p50 ms | p99 ms |", "|---|---:|---:|",
+    ]
+    for key in ("router_overhead_s", "router_overhead_goal_s", "serve_proxy_overhead_s"):
+        if o := result.get(key):
+            lines.append(f"| {key} | {1000 * o['p50']:.2f} | {1000 * o['p99']:.2f} |")
+    for name, s in lat.items():
+        lines.append(f"| latency: {name} | {1000 * s['p50']:.2f} | {1000 * s['p99']:.2f} |")
+    goals = result.get("goals", {})
+    lines += ["", "Goals: " + ", ".join(f"{k}: {'met' if v else 'MISSED'}"
+                                       for k, v in goals.items())]
+    return "\n".join(lines) + "\n"
+
+
+# -- plots -------------------------------------------------------------------------------
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_ttft_cdf(runs: Mapping[str, Sequence[Record]], path: str | Path, title: str) -> Path:
+    """The TTFT CDF of each run, log-scaled seconds."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for name, records in runs.items():
+        xs = np.sort([r.ttft_s for r in records if r.ok])
+        if len(xs):
+            ax.plot(xs, np.arange(1, len(xs) + 1) / len(xs), label=f"{name} (n={len(xs)})")
+    ax.set_xscale("log")
+    ax.set_xlabel("TTFT (s)")
+    ax.set_ylabel("fraction of requests")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    return _save(fig, plt, path)
+
+
+def plot_cached_ratio(runs: Mapping[str, Sequence[Record]], path: str | Path, title: str,
+                      bin_s: float = 10.0) -> Path:
+    """Cached / prompt tokens of the requests sent in each ``bin_s`` window."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for name, records in runs.items():
+        done = [r for r in records if r.ok]
+        if not done:
+            continue
+        bins = np.floor(np.array([r.start_s for r in done]) / bin_s).astype(int)
+        prompt = np.bincount(bins, [r.prompt_tokens for r in done])
+        cached = np.bincount(bins, [r.cached_tokens for r in done])
+        keep = prompt > 0
+        x = (np.arange(len(prompt)) + 0.5) * bin_s
+        ax.plot(x[keep], cached[keep] / prompt[keep], marker=".", label=name)
+    ax.set_ylim(0, 1)
+    ax.set_xlabel(f"time since start (s), {bin_s:g} s bins")
+    ax.set_ylabel("cached / prompt tokens")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    return _save(fig, plt, path)
+
+
+def _save(fig: Any, plt: Any, path: str | Path) -> Path:
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out

@@ -1,0 +1,77 @@
+"""``kvroute bench compare`` end to end, for a few seconds: two sim replicas with their
+direct endpoints, kvroute's router, sglang-router twice (round_robin, cache_aware).
+
+No performance assertions (a few seconds prove nothing): every router serves the
+workload without errors, the JSON has the contract's shape, the overheads are
+measured, and every sglang-router process is gone at the end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ops.bench import compare, report
+from ops.bench.client import LoadSpec
+from ops.bench.workloads import AgentParams
+
+pytestmark = pytest.mark.slow
+pytest.importorskip("sglang_router")
+
+SMALL = AgentParams(system_tokens=400, tools=4, subagent_system_tokens=100, repo_tokens=300,
+                    tool_result_tokens=200, reply_tokens=8, final_tokens=16, tool_time_s=0.05,
+                    user_time_s=0.1, turns_mean=3)
+
+
+@pytest.fixture
+def started(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[compare.Subprocess]]:
+    """Records every sglang-router process the compare starts."""
+    procs: list[compare.Subprocess] = []
+    real = compare.sglang_router
+
+    def recording(*args: Any) -> compare.Subprocess:
+        procs.append(real(*args))
+        return procs[-1]
+
+    monkeypatch.setattr(compare, "sglang_router", recording)
+    yield procs
+    for p in procs:  # whatever happened, nothing of ours keeps running
+        p.stop()
+
+
+def test_short_compare_on_sim(ray_local: None, serve_port: int, tiny_model_dir: Path,
+                              started: list[compare.Subprocess]) -> None:
+    from ray import serve
+
+    from deploy import runtime
+
+    spec = compare.CompareSpec(
+        engine="sim", replicas=2, agent=SMALL, model_path=str(tiny_model_dir), port=serve_port,
+        load=LoadSpec(duration_s=4.0, concurrency=2, ramp_s=0.5, drain_timeout_s=60),
+        sim={"prefill_tok_s": 50000.0, "tpot_s": 0.005, "tpot_per_batch_s": 0.0,
+             "kv_blocks": 1000},
+        overhead_samples=10, pause_s=0.2,
+    )
+    try:
+        result, records = compare.run_compare(spec, show=False)
+    finally:
+        serve.delete(runtime.APP_NAME)
+    assert set(result["routers"]) == {"kvroute", "round-robin", "sglang-router"}
+    for name, bench in result["routers"].items():
+        report.validate(bench)
+        assert bench["policy"] == name and bench["workload"] == "agent"
+        assert bench["requests"] > 0 and bench["errors"] == 0, (name, bench["params"])
+        assert bench["params"]["salt"] == name
+        assert all(r.ok for r in records[name])
+    assert len(result["routers"]["round-robin"]["per_replica_requests"]) == 2
+    assert len(result["endpoints"]) == 2
+    for key in ("router_overhead_s", "serve_proxy_overhead_s"):
+        assert set(result[key]) == {"p50", "p99"}
+    assert result["latency_s"]["direct"]["p50"] > 0
+    assert result["goals"]["zero_errors"] and result["goals"]["all_served"]
+    assert len(started) == 2
+    assert all(p.proc is not None and p.proc.poll() is not None for p in started)
+    assert "| kvroute |" in report.markdown_compare(result)

@@ -1,0 +1,187 @@
+"""``workers.direct_http.DirectHttp``: a replica's own OpenAI endpoint, with a fake engine.
+
+The server runs in the test's event loop (as it does in the replica's) on a free
+loopback port; requests go over real HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from router.tokenization import ChatTokenizer
+from workers.direct_http import DirectHttp
+
+MODEL = "tiny-llama"
+TOOLS = [{"type": "function", "function": {
+    "name": "Read", "description": "Read a file.",
+    "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}]
+
+
+class FakeEngine:
+    """Stands in for ``ModelWorker.generate``: scripted text, engine-style usage."""
+
+    def __init__(self, texts: tuple[str, ...] = (" hello", " world"), cached: int = 3,
+                 fail: bool = False) -> None:
+        self.texts, self.cached, self.fail = texts, cached, fail
+        self.requests: list[dict[str, Any]] = []
+        self.closed = 0
+
+    async def generate(self, request: dict[str, Any],
+                       kvroute_rank: list[str] | None = None) -> AsyncIterator[dict[str, Any]]:
+        self.requests.append(request)
+        try:
+            if self.fail:
+                raise RuntimeError("engine down")
+            for text in self.texts:
+                yield {"replica": "r-1", "text": text, "n": 1}
+            yield {"replica": "r-1", "finish_reason": "length", "events": [],
+                   "usage": {"prompt_tokens": len(request["token_ids"]),
+                             "completion_tokens": len(self.texts), "cached_tokens": self.cached}}
+        finally:
+            self.closed += 1
+
+
+@asynccontextmanager
+async def serving(model_dir: Path, engine: FakeEngine) -> AsyncIterator[httpx.AsyncClient]:
+    direct = DirectHttp(MODEL, str(model_dir), engine.generate)
+    await direct.start()
+    assert direct.address is not None and direct.address.startswith("127.0.0.1:")
+    try:
+        async with httpx.AsyncClient(base_url=f"http://{direct.address}", timeout=10) as c:
+            yield c
+    finally:
+        await direct.stop()
+    assert direct.address is None
+
+
+def sse(text: str) -> list[Any]:
+    out = []
+    for line in text.splitlines():
+        if line.startswith("data: "):
+            data = line[6:]
+            out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+async def test_info_endpoints_sglang_router_probes(tiny_model_dir: Path) -> None:
+    async with serving(tiny_model_dir, FakeEngine()) as c:
+        for path in ("/health", "/health_generate"):
+            assert (await c.get(path)).status_code == 200
+        models = (await c.get("/v1/models")).json()
+        assert [m["id"] for m in models["data"]] == [MODEL]
+        for path in ("/get_model_info", "/model_info", "/get_server_info", "/server_info"):
+            info = (await c.get(path)).json()
+            assert info["model_path"] == str(tiny_model_dir)
+        assert (await c.get("/get_load")).json()[0]["num_reqs"] == 0
+        assert (await c.post("/flush_cache")).status_code == 200
+
+
+async def test_completions_token_ids_not_streamed(tiny_model_dir: Path) -> None:
+    engine = FakeEngine()
+    async with serving(tiny_model_dir, engine) as c:
+        r = await c.post("/v1/completions", json={
+            "model": MODEL, "prompt": [5, 6, 7, 8], "max_tokens": 7, "stop": ["x"], "seed": 3})
+    assert r.status_code == 200, r.text
+    assert r.headers["x-kvroute-replica"] == "r-1"
+    body = r.json()
+    assert body["object"] == "text_completion" and body["choices"][0]["text"] == " hello world"
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6,
+                             "prompt_tokens_details": {"cached_tokens": 3}}
+    sent = engine.requests[0]
+    assert sent["token_ids"] == [5, 6, 7, 8]
+    assert sent["sampling"] == {"max_tokens": 7, "temperature": 0.0, "top_p": 1.0,
+                                "stop": ("x",), "seed": 3}
+    assert engine.closed == 1
+
+
+async def test_completions_string_prompt_streamed_with_usage(tiny_model_dir: Path) -> None:
+    engine = FakeEngine()
+    tok = ChatTokenizer(str(tiny_model_dir))
+    async with serving(tiny_model_dir, engine) as c:
+        r = await c.post("/v1/completions", json={
+            "model": MODEL, "prompt": "The morning train", "stream": True,
+            "stream_options": {"include_usage": True}})
+    events = sse(r.text)
+    assert r.headers["content-type"].startswith("text/event-stream")
+    assert [e["choices"][0]["text"] for e in events[:2]] == [" hello", " world"]
+    assert events[2]["choices"][0]["finish_reason"] == "length"
+    assert events[3]["usage"]["prompt_tokens_details"]["cached_tokens"] == 3
+    assert events[-1] == "[DONE]"
+    assert engine.requests[0]["token_ids"] == tok.encode("The morning train")
+    assert engine.requests[0]["sampling"]["max_tokens"] == 1024  # no limit given
+
+
+async def test_chat_is_templated_like_the_router(tiny_model_dir: Path) -> None:
+    engine = FakeEngine()
+    tok = ChatTokenizer(str(tiny_model_dir))
+    messages = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Read main.py"}]
+    async with serving(tiny_model_dir, engine) as c:
+        r = await c.post("/v1/chat/completions", json={
+            "model": MODEL, "messages": messages, "tools": TOOLS, "max_tokens": 5,
+            "stream": True, "stream_options": {"include_usage": True}})
+    events = sse(r.text)
+    assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert "".join(e["choices"][0]["delta"].get("content", "") for e in events[1:-2]
+                   if e["choices"]) == " hello world"
+    assert events[-2]["usage"]["prompt_tokens"] == len(engine.requests[0]["token_ids"])
+    assert engine.requests[0]["token_ids"] == tok.encode(tok.render(messages, TOOLS))
+
+
+async def test_chat_tool_calls_are_parsed(tiny_model_dir: Path) -> None:
+    call = '<tool_call>\n{"name": "Read", "arguments": {"path": "a.py"}}\n</tool_call>'
+    engine = FakeEngine(texts=("Let me look.\n", call))
+    async with serving(tiny_model_dir, engine) as c:
+        r = await c.post("/v1/chat/completions", json={
+            "model": MODEL, "messages": [{"role": "user", "content": "Read a.py"}],
+            "tools": TOOLS})
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "length"  # the output limit cut it, as the fake says
+    assert choice["message"]["content"] == "Let me look."
+    fn = choice["message"]["tool_calls"][0]["function"]
+    assert fn["name"] == "Read" and json.loads(fn["arguments"]) == {"path": "a.py"}
+
+
+@pytest.mark.parametrize(("path", "body", "status", "code"), [
+    ("/v1/completions", "not json", 400, "invalid_json"),
+    ("/v1/completions", {"model": "other", "prompt": "hi"}, 404, "model_not_found"),
+    ("/v1/completions", {"model": MODEL, "prompt": [1, 99999]}, 400, "invalid_token_ids"),
+    ("/v1/completions", {"model": MODEL, "prompt": []}, 400, "empty_prompt"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": []}, 400, "invalid_request"),
+])
+async def test_bad_requests_get_openai_errors(tiny_model_dir: Path, path: str, body: Any,
+                                              status: int, code: str) -> None:
+    engine = FakeEngine()
+    async with serving(tiny_model_dir, engine) as c:
+        if isinstance(body, str):
+            r = await c.post(path, content=body, headers={"content-type": "application/json"})
+        else:
+            r = await c.post(path, json=body)
+    assert r.status_code == status
+    assert r.json()["error"]["code"] == code
+    assert engine.requests == []
+
+
+async def test_engine_failure_before_first_token_is_503(tiny_model_dir: Path) -> None:
+    async with serving(tiny_model_dir, FakeEngine(fail=True)) as c:
+        r = await c.post("/v1/completions", json={"model": MODEL, "prompt": [5, 6]})
+    assert r.status_code == 503 and r.json()["error"]["code"] == "replica_failed"
+
+
+async def test_stop_releases_the_port(tiny_model_dir: Path) -> None:
+    direct = DirectHttp(MODEL, str(tiny_model_dir), FakeEngine().generate)
+    await direct.start()
+    address = direct.address
+    await direct.stop()
+    await direct.stop()  # idempotent
+    async with httpx.AsyncClient() as c:
+        with pytest.raises(httpx.ConnectError):
+            await c.get(f"http://{address}/health")
