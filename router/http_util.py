@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Any, TypeVar
 
@@ -23,11 +22,14 @@ async def parse_body(request: Request, schema: type[M]) -> M:
     if len(body) > MAX_BODY_BYTES:
         raise ApiError(413, f"request body over {MAX_BODY_BYTES} bytes", "body_too_large")
     try:
-        return schema.model_validate(json.loads(body))
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
-        raise ApiError(400, f"body is not valid JSON: {e}", "invalid_json") from None
+        # pydantic's own JSON parser: it rejects invalid UTF-8, lone surrogates (which
+        # json.loads lets through and the tokenizer then chokes on) and absurd nesting.
+        return schema.model_validate_json(body)
     except ValidationError as e:
         first = e.errors()[0]
+        if first.get("type") == "json_invalid":
+            reason = (first.get("ctx") or {}).get("error", first.get("msg"))
+            raise ApiError(400, f"body is not valid JSON: {reason}", "invalid_json") from None
         param = ".".join(str(p) for p in first.get("loc", ()))
         raise ApiError(400, f"{param}: {first.get('msg')}", "invalid_request", param) from None
 

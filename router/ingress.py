@@ -28,6 +28,7 @@ from router.auth import exposure_warning
 from router.core import RouterCore
 from router.errors import ApiError, error_response
 from router.metrics_hub import push_metrics, render_metrics
+from router.openapi import kvroute_openapi
 from router.telemetry import TelemetryMiddleware
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,7 @@ def _fastapi_kwargs() -> dict[str, Any]:
 
 app = FastAPI(title="kvroute", docs_url=None, redoc_url=None, **_fastapi_kwargs())
 app.add_middleware(TelemetryMiddleware)
+app.openapi = lambda: kvroute_openapi(app)  # type: ignore[method-assign]  # with body schemas
 
 
 @app.exception_handler(ApiError)

@@ -57,11 +57,19 @@ from router.errors import ApiError
 _HEADER_LINE = re.compile(r"[ \t]*x-anthropic-[a-z0-9-]+:[^\n]*(\n|$)", re.IGNORECASE)
 
 
+_BLANK_LINE = re.compile(r"[ \t]*\n")
+
+
 def strip_volatile(text: str) -> str:
-    """Drop leading ``x-anthropic-…: …`` header lines (per-request billing nonces)."""
+    """Drop leading ``x-anthropic-…: …`` header lines (per-request billing nonces),
+    blank lines between them included, so stripping twice changes nothing more."""
     pos = 0
-    while m := _HEADER_LINE.match(text, pos):
-        if m.end() == pos:
+    while True:
+        probe = pos
+        while (blank := _BLANK_LINE.match(text, probe)) and blank.end() > probe:
+            probe = blank.end()
+        m = _HEADER_LINE.match(text, probe)
+        if m is None or m.end() == probe:
             break
         pos = m.end()
     return text[pos:].lstrip("\n") if pos else text
