@@ -12,6 +12,7 @@ import time
 from deploy.config import EngineName, KvrouteConfig, demo_config, load_config
 from ops.bench.cli import add_parser as add_bench
 from ops.sim.cli import add_parser as add_sim
+from ops.soak import add_parser as add_soak
 from ops.status import add_parser as add_status
 
 
@@ -118,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_status(sub)
     add_sim(sub)
     add_bench(sub)
+    add_soak(sub)
     return p
 
 
