@@ -7,6 +7,9 @@
   the fallback, and opens a circuit: the primary is skipped for ``backoff_s``; after that a
   single probe call (others keep using the fallback meanwhile) decides whether it is back.
   So a dead Redis costs at most one timeout per ``backoff_s``, never one per request.
+* A removal (tombstone) the primary missed is owed, and retried by every later maintenance
+  call (``remove_replica``, ``purge_dead``, ``stats``) until it lands: otherwise a replica the
+  router saw die while Redis was unreachable would stay live in the shared view.
 * Recovery is automatic: redis-py reconnects on the next command and reloads scripts on
   NOSCRIPT after a Redis restart; new writes fill the (possibly empty) primary again.
 
@@ -21,6 +24,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from functools import partial
 from typing import TypeVar
 
 from .events import CacheEvent
@@ -51,6 +55,7 @@ class ResilientIndex:
         self._probing = False
         self._down_until = 0.0
         self.errors: Counter[str] = Counter()
+        self._owed_removals: set[tuple[str, str]] = set()
 
     @property
     def primary_healthy(self) -> bool:
@@ -140,16 +145,26 @@ class ResilientIndex:
         await self._local(
             "remove_replica", lambda: self.fallback.remove_replica(model, replica), None
         )
-        await self._primary(
-            "remove_replica", lambda: self.primary.remove_replica(model, replica), hot=False
-        )
+        self._owed_removals.add((model, replica))
+        await self._settle_removals()
+
+    async def _settle_removals(self) -> None:
+        for model, replica in sorted(self._owed_removals):
+            ok, _ = await self._primary(
+                "remove_replica", partial(self.primary.remove_replica, model, replica), hot=False
+            )
+            if not ok:
+                return
+            self._owed_removals.discard((model, replica))
 
     async def purge_dead(self) -> int:
+        await self._settle_removals()
         local = await self._local("purge_dead", self.fallback.purge_dead, 0)
         ok, count = await self._primary("purge_dead", self.primary.purge_dead, hot=False)
         return count if ok and count is not None else local
 
     async def stats(self) -> IndexStats:
+        await self._settle_removals()
         ok, st = await self._primary("stats", self.primary.stats, hot=False)
         if ok and st is not None:
             return IndexStats(st.blocks, st.replicas, f"resilient({st.backend})")

@@ -167,3 +167,26 @@ async def test_on_error_callback_failure_is_contained(
 async def test_make_index_without_url_is_memory() -> None:
     assert isinstance(make_index(None, IndexSettings()), MemoryPrefixIndex)
     assert isinstance(make_index("", IndexSettings()), MemoryPrefixIndex)
+
+
+async def test_removal_missed_while_down_lands_after_recovery(
+    own_redis: Any, settings_for: SettingsFor, wait_for: WaitFor
+) -> None:
+    errors: list[str] = []
+    index = resilient(own_redis.url, settings_for(), errors)
+    await own_redis.kill()
+    await index.remove_replica("m", "r2")  # the router saw r2 die; Redis cannot hear it
+    assert "remove_replica" in errors
+    await own_redis.start()
+    await wait_for(lambda: _probe_healthy(index), within_s=5.0)
+    # a late write (an in-flight routed request) makes r2 look live in the restarted primary
+    await index.primary.record_routed("m", "r2", H)
+    assert await index.primary.live_replicas("m") == {"r2"}
+    await index.stats()  # the router's periodic maintenance call settles the owed tombstone
+    assert await index.primary.live_replicas("m") == set()
+    await index.close()
+
+
+async def _probe_healthy(index: ResilientIndex) -> bool:
+    await index.lookup({"m": H})
+    return index.primary_healthy
