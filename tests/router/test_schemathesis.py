@@ -5,7 +5,7 @@ Real Ray Serve, one sim-engine replica. The schema is loaded from the live
 pydantic models, error responses in each API's shape). Schemathesis generates
 valid and invalid bodies for every operation (one hypothesis run per operation
 and mode, via ``APIOperation.as_strategy``: schemathesis' lazy ``from_fixture``
-fails under pytest 9); about half of the generated bodies get the served model's
+fails under pytest 9); most generated bodies (3 in 4) get the served model's
 name, so generation reaches templating, routing and the engine rather than stopping
 at a 404. Checks:
 
@@ -110,11 +110,11 @@ def test_api_never_answers_5xx(api_schema: Any, method: str, path: str, mode: st
     examples = EXAMPLES if method == "POST" else 3
     statuses: Counter[int] = Counter()
 
-    @given(case=operation.as_strategy(generation_mode=MODES[mode]), named=st.booleans())
+    @given(case=operation.as_strategy(generation_mode=MODES[mode]), named=st.integers(0, 3))
     @settings(max_examples=examples, deadline=None, derandomize=True, database=None,
               suppress_health_check=list(HealthCheck))
-    def run(case: Any, named: bool) -> None:
-        if named and isinstance(case.body, dict):  # reach templating and the engine
+    def run(case: Any, named: int) -> None:
+        if named < 3 and isinstance(case.body, dict):  # mostly: reach templating, the engine
             case.body = {**case.body, "model": MODEL}
         response = case.call(timeout=30)
         statuses[response.status_code] += 1
