@@ -16,11 +16,31 @@ MAX_BODY_BYTES = 32 << 20
 M = TypeVar("M", bound=BaseModel)
 
 
+def _too_large() -> ApiError:
+    return ApiError(413, f"request body over {MAX_BODY_BYTES} bytes", "body_too_large")
+
+
+async def read_body(request: Request) -> bytes:
+    """The body, refused with a 413 as soon as it is known to be over the limit.
+
+    A declared ``Content-Length`` over the limit is refused before reading anything, and a
+    chunked body stops being read at the limit, so an oversized upload is never held whole.
+    """
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise _too_large()
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise _too_large()
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 async def parse_body(request: Request, schema: type[M]) -> M:
     """JSON body → pydantic model; every failure is a 400/413 ``ApiError``."""
-    body = await request.body()
-    if len(body) > MAX_BODY_BYTES:
-        raise ApiError(413, f"request body over {MAX_BODY_BYTES} bytes", "body_too_large")
+    body = await read_body(request)
     try:
         # pydantic's own JSON parser: it rejects invalid UTF-8, lone surrogates (which
         # json.loads lets through and the tokenizer then chokes on) and absurd nesting.

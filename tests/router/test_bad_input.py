@@ -11,6 +11,7 @@ Anthropic routes ``{"type": "error", "error": {"type", "message"}}``.
 from __future__ import annotations
 
 import json
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -229,6 +230,48 @@ def test_body_over_the_limit_is_a_fast_413(client: httpx.Client, path: str) -> N
     elapsed = time.monotonic() - started
     assert_error(r, path, 413, "body_too_large")
     assert elapsed < 10.0, f"413 took {elapsed:.1f} s"  # ~0.2 s on loopback
+
+
+@pytest.mark.parametrize("path", [CHAT, MESSAGES])
+def test_chunked_body_over_the_limit_is_refused(client: httpx.Client, path: str) -> None:
+    """No Content-Length (chunked): the router stops reading at the limit."""
+    def chunks() -> Iterator[bytes]:
+        yield b'{"model": "sim-model", "prompt": "'
+        for _ in range(MAX_BODY_BYTES // (1 << 20) + 1):
+            yield b"a" * (1 << 20)
+        yield b'"}'
+
+    r = client.post(path, content=chunks(), headers={"content-type": "application/json"})
+    assert "content-length" not in r.request.headers
+    assert_error(r, path, 413, "body_too_large")
+
+
+@pytest.mark.parametrize("path", [CHAT, MESSAGES])
+def test_declared_oversize_is_refused_before_the_body(url: str, path: str) -> None:
+    """A Content-Length of 1 GiB gets its 413 without the client sending the body."""
+    host, port = httpx.URL(url).host, httpx.URL(url).port
+    with socket.create_connection((host, port), timeout=30) as sock:
+        sock.sendall(f"POST {path} HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json"
+                     f"\r\ncontent-length: {1 << 30}\r\n\r\n{{".encode())
+        raw = _read_response(sock)
+    head, body = raw.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 413"), raw[:300]
+    error = json.loads(body)
+    code = error["error"].get("code") if path == CHAT else error["error"]["type"]
+    assert code == ("body_too_large" if path == CHAT else "request_too_large"), error
+
+
+def _read_response(sock: socket.socket) -> bytes:
+    """One HTTP/1.1 response with a Content-Length, read whole."""
+    raw = b""
+    while b"\r\n\r\n" not in raw:
+        raw += sock.recv(65536)
+    head, body = raw.split(b"\r\n\r\n", 1)
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:"))
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head + b"\r\n\r\n" + body
 
 
 @pytest.mark.parametrize("path", [CHAT, MESSAGES])
