@@ -46,12 +46,24 @@ async def parse_body(request: Request, schema: type[M]) -> M:
         # json.loads lets through and the tokenizer then chokes on) and absurd nesting.
         return schema.model_validate_json(body)
     except ValidationError as e:
-        first = e.errors()[0]
-        if first.get("type") == "json_invalid":
-            reason = (first.get("ctx") or {}).get("error", first.get("msg"))
-            raise ApiError(400, f"body is not valid JSON: {reason}", "invalid_json") from None
-        param = ".".join(str(p) for p in first.get("loc", ()))
-        raise ApiError(400, f"{param}: {first.get('msg')}", "invalid_request", param) from None
+        raise _invalid(e.errors()) from None
+
+
+_TYPE_LABELS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+
+
+def _invalid(errors: list[Any]) -> ApiError:
+    """The 400 for the most specific error: a union's deepest branch, not its first."""
+    if bad_json := next((e for e in errors if e.get("type") == "json_invalid"), None):
+        reason = (bad_json.get("ctx") or {}).get("error", bad_json.get("msg"))
+        return ApiError(400, f"body is not valid JSON: {reason}", "invalid_json")
+    err = max(errors, key=lambda e: len(e.get("loc", ())))
+    parts: list[str] = []
+    for p in map(str, err.get("loc", ())):  # drop pydantic's union-branch labels
+        if "[" not in p and p not in _TYPE_LABELS and (not parts or parts[-1] != p):
+            parts.append(p)
+    param = ".".join(parts)
+    return ApiError(400, f"{param}: {err.get('msg')}", "invalid_request", param)
 
 
 _SECRET_HEADERS = frozenset({"authorization", "x-api-key"})

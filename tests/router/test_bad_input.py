@@ -221,6 +221,13 @@ def test_bad_request(client: httpx.Client, path: str, body: Any, status: int,
     assert_error(post(client, path, body), path, status, code)
 
 
+def test_unknown_block_type_is_named_over_http(client: httpx.Client) -> None:
+    r = post(client, MESSAGES, msg(messages=[{"role": "user", "content": [
+        {"type": "bogus", "text": "x"}]}]))
+    assert_error(r, MESSAGES, 400)
+    assert "'bogus'" in r.json()["error"]["message"], r.json()
+
+
 @pytest.mark.parametrize("path", [CHAT, COMPLETIONS, MESSAGES, COUNT])
 def test_body_over_the_limit_is_a_fast_413(client: httpx.Client, path: str) -> None:
     filler = b"a" * (MAX_BODY_BYTES + 1)
