@@ -19,12 +19,13 @@ up: venv
 	$(BIN)/pip install -q -e '.[mlx]'
 	$(BIN)/kvroute up
 
+# redis-server (the index tests) and openssl (certificates for the TLS Redis test).
 redis:
-	@command -v redis-server >/dev/null || { \
+	@{ command -v redis-server && command -v openssl; } >/dev/null || { \
 	  if command -v apt-get >/dev/null; then \
-	    $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq redis-server; \
-	  elif command -v brew >/dev/null; then brew install redis; \
-	  else echo "please install redis-server" >&2; exit 1; fi; }
+	    $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq redis-server openssl; \
+	  elif command -v brew >/dev/null; then brew install redis openssl; \
+	  else echo "please install redis-server and openssl" >&2; exit 1; fi; }
 
 test: venv redis
 	$(BIN)/pip install -q -e '.[mlx,dev]'

@@ -19,7 +19,6 @@ from ops.bench.client import LoadSpec
 from ops.bench.workloads import AgentParams
 
 pytestmark = pytest.mark.slow
-pytest.importorskip("sglang_router")
 
 SMALL = AgentParams(system_tokens=400, tools=4, subagent_system_tokens=100, repo_tokens=300,
                     tool_result_tokens=200, reply_tokens=8, final_tokens=16, tool_time_s=0.05,

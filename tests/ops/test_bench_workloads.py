@@ -110,7 +110,6 @@ def test_trace_prefix_sharing_is_exact(tmp_path: Path) -> None:
     assert salted[0][1].body["prompt"][:512] != pa[:512]
 
 
-@pytest.mark.skipif(not MOONCAKE.exists(), reason="shared traces not present")
 def test_mooncake_replay_keeps_shared_prefixes() -> None:
     items = trace_requests(MOONCAKE, vocab_size=4096, max_requests=200)
     rows = [json.loads(line) for line in MOONCAKE.read_text().splitlines()[:200]]

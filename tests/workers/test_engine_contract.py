@@ -56,7 +56,6 @@ def _sim(request: pytest.FixtureRequest) -> EngineCase:
 
 
 def _mlx(request: pytest.FixtureRequest) -> EngineCase:
-    pytest.importorskip("mlx_lm")
     from ops import tiny_model as tm
     from workers.mlx_engine import MlxEngine
 
