@@ -18,7 +18,7 @@ __all__ = ["AllBlocksCleared", "BlockRemoved", "BlockStored", "CacheEvent"]
 
 
 @dataclass(frozen=True, slots=True)
-class BlockStored:
+class _BlockEvent:
     model: str
     replica: str
     hashes: tuple[int, ...]
@@ -30,14 +30,13 @@ class BlockStored:
 
 
 @dataclass(frozen=True, slots=True)
-class BlockRemoved:
-    model: str
-    replica: str
-    hashes: tuple[int, ...]
+class BlockStored(_BlockEvent):
+    pass
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.hashes, tuple):
-            object.__setattr__(self, "hashes", tuple(self.hashes))
+
+@dataclass(frozen=True, slots=True)
+class BlockRemoved(_BlockEvent):
+    pass
 
 
 @dataclass(frozen=True, slots=True)
