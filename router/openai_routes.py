@@ -13,8 +13,6 @@ not constrained), and ``parallel_tool_calls: false`` keeps the first call.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -34,7 +32,6 @@ from router.http_util import (
     routing_headers,
     sampling,
 )
-from router.normalize import strip_volatile
 from router.openai_schema import ChatCompletionRequest, CompletionRequest, SamplingFields
 from router.tokenization import TemplateRenderError
 
@@ -53,7 +50,7 @@ async def chat_completions(core: RouterCore, request: Request) -> Response:
     req = await parse_body(request, ChatCompletionRequest)
     tok = core.tokenizer(req.model)
     try:
-        text = tok.render(_messages(req), tools=req.template_tools())
+        text = tok.render(req.template_messages(), tools=req.template_tools())
     except TemplateRenderError as e:
         raise ApiError(400, str(e), "invalid_messages", "messages") from None
     parser = None
@@ -77,37 +74,6 @@ async def completions(core: RouterCore, request: Request) -> Response:
     if not ids:
         raise ApiError(400, "prompt is empty", "empty_prompt", "prompt")
     return await _serve(core, request, req, ids, None)
-
-
-def _messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
-    out = []
-    for i, m in enumerate(req.messages):
-        role = "system" if m.role == "developer" else m.role
-        content = m.text()
-        if i == 0 and role == "system":
-            content = strip_volatile(content)
-        msg: dict[str, Any] = {"role": role, "content": content}
-        if m.name:
-            msg["name"] = m.name
-        if m.tool_call_id:
-            msg["tool_call_id"] = m.tool_call_id
-        if m.tool_calls:
-            msg["tool_calls"] = [_tool_call(call.model_dump()) for call in m.tool_calls]
-        out.append(msg)
-    if req.response_format and (note := req.response_format.instruction()):
-        if out[0]["role"] == "system":  # the end of the system prompt: stable across turns
-            out[0]["content"] = f"{out[0]['content']}\n\n{note}" if out[0]["content"] else note
-        else:
-            out.insert(0, {"role": "system", "content": note})
-    return out
-
-
-def _tool_call(call: dict[str, Any]) -> dict[str, Any]:
-    args = call["function"]["arguments"]
-    if isinstance(args, str):  # templates expect a mapping
-        with contextlib.suppress(json.JSONDecodeError):
-            call["function"]["arguments"] = json.loads(args)
-    return call
 
 
 class _Output:

@@ -11,10 +11,13 @@ conformance) is refused with a 400 (see ``ResponseFormat``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from router.normalize import strip_volatile
 
 
 class _Lenient(BaseModel):
@@ -48,6 +51,25 @@ class ChatMessage(_Lenient):
         if self.content is None or isinstance(self.content, str):
             return self.content or ""
         return "".join(p.text or "" for p in self.content if p.type in ("text", "input_text"))
+
+    def template_message(self) -> dict[str, Any]:
+        msg: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role,
+                               "content": self.text()}
+        if self.name:
+            msg["name"] = self.name
+        if self.tool_call_id:
+            msg["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            msg["tool_calls"] = [_template_call(call.model_dump()) for call in self.tool_calls]
+        return msg
+
+
+def _template_call(call: dict[str, Any]) -> dict[str, Any]:
+    args = call["function"]["arguments"]
+    if isinstance(args, str):  # templates expect a mapping
+        with contextlib.suppress(json.JSONDecodeError):
+            call["function"]["arguments"] = json.loads(args)
+    return call
 
 
 class StreamOptions(_Lenient):
@@ -143,6 +165,19 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
+
+    def template_messages(self) -> list[dict[str, Any]]:
+        """The chat template's input: developer → system, volatile header lines stripped,
+        tool-call arguments as mappings, a response format's instruction in the system prompt."""
+        out = [m.template_message() for m in self.messages]
+        if out and out[0]["role"] == "system":
+            out[0]["content"] = strip_volatile(out[0]["content"])
+        if self.response_format and (note := self.response_format.instruction()):
+            if out[0]["role"] == "system":  # the end of the system prompt: stable across turns
+                out[0]["content"] = f"{out[0]['content']}\n\n{note}" if out[0]["content"] else note
+            else:
+                out.insert(0, {"role": "system", "content": note})
+        return out
 
     def template_tools(self) -> list[dict[str, Any]] | None:
         return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None

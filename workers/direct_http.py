@@ -8,7 +8,7 @@ directly. Turned on by ``ModelConfig.direct_http``.
 It serves, on ``127.0.0.1`` and a free port:
 
 * ``POST /v1/chat/completions``: the chat is templated and tokenized exactly as the
-  router does it (``router.openai_routes`` message normalisation, the model's chat
+  router does it (``ChatCompletionRequest.template_messages``, the model's chat
   template via ``ChatTokenizer``), so a conversation reaches the engine as the same
   token ids whichever way it came; tool calls are parsed as the router parses them.
 * ``POST /v1/completions``: ``prompt`` as a string or a list of token ids.
@@ -57,7 +57,6 @@ from tokenizers import Tokenizer
 from router import openai_api as oa
 from router import tool_calls as tc
 from router.errors import ApiError, openai_error
-from router.openai_routes import _messages as chat_messages  # the router's own normalisation
 from router.openai_schema import ChatCompletionRequest, CompletionRequest, SamplingFields
 from router.tokenization import ChatTokenizer, TemplateRenderError, resolve_model_dir
 
@@ -186,7 +185,7 @@ class DirectHttp:
             self._check_model(req.model)
             assert self._tok is not None
             try:
-                text = self._tok.render(chat_messages(req), tools=req.template_tools())
+                text = self._tok.render(req.template_messages(), tools=req.template_tools())
             except TemplateRenderError as e:
                 raise ApiError(400, str(e), "invalid_messages", "messages") from None
             parser = tc.make_parser(self._parser_family) if req.parses_tools() else None
