@@ -30,9 +30,12 @@ H = block_hashes(list(range(64 * 6)))
 H2 = block_hashes(list(range(1, 64 * 6 + 1)))
 
 
-def resilient(url: str, settings: IndexSettings, errors: list[str]) -> ResilientIndex:
+def resilient(url: str, settings: IndexSettings) -> tuple[ResilientIndex, list[str]]:
+    """A ResilientIndex over Redis at ``url`` (fast timeout and backoff) and its failed ops."""
+    errors: list[str] = []
     primary = RedisPrefixIndex(url, settings, timeout_s=0.05)
-    return ResilientIndex(primary, MemoryPrefixIndex(settings), errors.append, backoff_s=0.3)
+    index = ResilientIndex(primary, MemoryPrefixIndex(settings), errors.append, backoff_s=0.3)
+    return index, errors
 
 
 async def traffic(index: ResilientIndex, stop: asyncio.Event) -> int:
@@ -51,8 +54,7 @@ async def traffic(index: ResilientIndex, stop: asyncio.Event) -> int:
 async def test_survives_kill_and_recovers_after_restart(
     own_redis: Any, settings_for: SettingsFor, wait_for: WaitFor
 ) -> None:
-    errors: list[str] = []
-    index = resilient(own_redis.url, settings_for(), errors)
+    index, errors = resilient(own_redis.url, settings_for())
     raw = aioredis.Redis.from_url(own_redis.url, decode_responses=True)
     await index.apply_events([BlockStored("m", "r1", tuple(H))])
     assert await index.lookup({"m": H}) == {"m": {"r1": 6}}
@@ -88,11 +90,8 @@ async def _healthy_and_filled(index: ResilientIndex, raw: aioredis.Redis) -> boo
         return False
 
 
-async def test_dead_redis_adds_no_latency(
-    own_redis: Any, settings_for: SettingsFor, wait_for: WaitFor
-) -> None:
-    errors: list[str] = []
-    index = resilient(own_redis.url, settings_for(), errors)
+async def test_dead_redis_adds_no_latency(own_redis: Any, settings_for: SettingsFor) -> None:
+    index, errors = resilient(own_redis.url, settings_for())
     await index.record_routed("m", "r1", H)
     await own_redis.kill()
     await index.lookup({"m": H})  # first failure opens the circuit
@@ -119,8 +118,7 @@ async def test_hung_redis_is_cut_by_timeouts(settings_for: SettingsFor) -> None:
 
     server = await asyncio.start_server(black_hole, "127.0.0.1", 0)
     url = f"redis://127.0.0.1:{server.sockets[0].getsockname()[1]}/0"
-    errors: list[str] = []
-    index = resilient(url, settings_for(), errors)
+    index, errors = resilient(url, settings_for())
     start = time.perf_counter()
     await index.record_routed("m", "r1", H)
     assert await index.lookup({"m": H}) == {"m": {"r1": 6}}
@@ -172,8 +170,7 @@ async def test_make_index_without_url_is_memory() -> None:
 async def test_removal_missed_while_down_lands_after_recovery(
     own_redis: Any, settings_for: SettingsFor, wait_for: WaitFor
 ) -> None:
-    errors: list[str] = []
-    index = resilient(own_redis.url, settings_for(), errors)
+    index, errors = resilient(own_redis.url, settings_for())
     await own_redis.kill()
     await index.remove_replica("m", "r2")  # the router saw r2 die; Redis cannot hear it
     assert "remove_replica" in errors
@@ -190,3 +187,4 @@ async def test_removal_missed_while_down_lands_after_recovery(
 async def _probe_healthy(index: ResilientIndex) -> bool:
     await index.lookup({"m": H})
     return index.primary_healthy
+

@@ -12,7 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from deploy.config import AutoscalingConfig, KvrouteConfig, ModelConfig, ServerConfig
+from deploy.config import AutoscalingConfig
+from tests.stacks import deployed, sim_model, stack_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.autoscaling]
 MODEL = "sim-auto"
@@ -20,24 +21,12 @@ MODEL = "sim-auto"
 
 @pytest.fixture(scope="module")
 def stack(ray_local: None, tiny_model_dir: Path, serve_port: int) -> Iterator[str]:
-    from ray import serve
-
-    from deploy import runtime
-
-    cfg = KvrouteConfig(
-        models=[ModelConfig(
-            name=MODEL, engine="sim", model_path=str(tiny_model_dir), num_cpus=0.1,
-            max_ongoing_requests=4,
-            autoscaling=AutoscalingConfig(min_replicas=1, max_replicas=3,
-                                          target_ongoing_requests=1.0,
-                                          upscale_delay_s=1.0, downscale_delay_s=4.0),
-            engine_kwargs={"tpot_s": 0.05, "prefill_tok_s": 50000.0})],
-        server=ServerConfig(host="127.0.0.1", port=serve_port),
-    )
-    url = runtime.deploy(cfg)
-    runtime.wait_healthy(url, timeout_s=120)
-    yield url
-    serve.delete(runtime.APP_NAME)
+    scaling = AutoscalingConfig(min_replicas=1, max_replicas=3, target_ongoing_requests=1.0,
+                                upscale_delay_s=1.0, downscale_delay_s=4.0)
+    model = sim_model(MODEL, tiny_model_dir, autoscaling=scaling, max_ongoing_requests=4,
+                      tpot_s=0.05, prefill_tok_s=50000.0)
+    with deployed(stack_config(serve_port, model)) as url:
+        yield url
 
 
 def _replicas(url: str) -> int:

@@ -15,8 +15,9 @@ from typing import Any
 import httpx
 import pytest
 
-from deploy.config import IndexConfig, KvrouteConfig, ModelConfig, RouterConfig, ServerConfig
+from deploy.config import IndexConfig, KvrouteConfig, RouterConfig, ServerConfig
 from tests.conftest import free_port
+from tests.stacks import redis_url, sim_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.multinode]
 MODEL = "sim-multi"
@@ -38,11 +39,10 @@ def cluster_stack(tiny_model_dir: Path, stack_redis: Any) -> Iterator[str]:
     ray.init(address=cluster.address)
     cluster.wait_for_nodes()
     cfg = KvrouteConfig(
-        models=[ModelConfig(name=MODEL, engine="sim", model_path=str(tiny_model_dir),
-                            num_replicas=2, num_cpus=0.5, max_replicas_per_node=1,
-                            engine_kwargs={"tpot_s": 0.002, "prefill_tok_s": 100000.0})],
+        models=[sim_model(MODEL, tiny_model_dir, replicas=2, num_cpus=0.5,
+                          max_replicas_per_node=1)],
         router=RouterConfig(replicas=2, num_cpus=0.5, max_replicas_per_node=1),
-        index=IndexConfig(redis_url=f"redis://{stack_redis.host}:{stack_redis.port}/0"),
+        index=IndexConfig(redis_url=redis_url(stack_redis)),
         server=ServerConfig(host="127.0.0.1", port=free_port(), proxy_location="HeadOnly"),
     )
     try:

@@ -31,7 +31,8 @@ from typing import Any
 
 import pytest
 
-from deploy.config import IndexConfig, KvrouteConfig, ModelConfig, ServerConfig
+from deploy.config import IndexConfig
+from tests.stacks import deployed, redis_url, sim_model, stack_config
 
 SOAK_S = float(os.environ.get("KVROUTE_SOAK_S", "180"))
 # A shorter local run sits deeper in warm-up: its RSS bound widens as 180 / KVROUTE_SOAK_S.
@@ -45,22 +46,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.soak, pytest.mark.timeout(SOAK_S + 4
 @pytest.fixture(scope="module")
 def stack(ray_local: None, tiny_model_dir: Path, stack_redis: Any,
           serve_port: int) -> Iterator[dict[str, str]]:
-    from ray import serve
-
-    from deploy import runtime
-
-    redis_url = f"redis://{stack_redis.host}:{stack_redis.port}/0"
-    cfg = KvrouteConfig(
-        models=[ModelConfig(name=MODEL, engine="sim", model_path=str(tiny_model_dir),
-                            num_replicas=2, num_cpus=0.1, context_window=8192,
-                            engine_kwargs={"tpot_s": 0.005, "prefill_tok_s": 50000.0})],
-        index=IndexConfig(redis_url=redis_url),
-        server=ServerConfig(host="127.0.0.1", port=serve_port),
-    )
-    base = runtime.deploy(cfg)
-    runtime.wait_healthy(base, timeout_s=120)
-    yield {"url": base, "redis_url": redis_url}
-    serve.delete(runtime.APP_NAME)
+    index = redis_url(stack_redis)
+    model = sim_model(MODEL, tiny_model_dir, replicas=2, context_window=8192,
+                      tpot_s=0.005, prefill_tok_s=50000.0)
+    with deployed(stack_config(serve_port, model, index=IndexConfig(redis_url=index))) as url:
+        yield {"url": url, "redis_url": index}
 
 
 def test_soak_has_no_errors_and_no_growth(stack: dict[str, str], tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ import yaml
 from ops import status
 from ops.render_dashboard import Parser, series_over_time
 from tests.conftest import free_port
+from tests.stacks import deployed, sim_model, stack_config
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "ops" / "grafana" / "kvroute-dashboard.json"
@@ -287,23 +288,8 @@ MODEL = "sim-status"
 
 @pytest.fixture(scope="module")
 def stack(ray_local: None, tiny_model_dir: Path, serve_port: int) -> Iterator[str]:
-    from ray import serve
-
-    from deploy import runtime
-    from deploy.config import KvrouteConfig, ModelConfig, ServerConfig
-
-    cfg = KvrouteConfig(
-        models=[ModelConfig(name=MODEL, engine="sim", model_path=str(tiny_model_dir),
-                            num_replicas=2, num_cpus=0.1,
-                            engine_kwargs={"tpot_s": 0.002, "prefill_tok_s": 100000.0})],
-        server=ServerConfig(host="127.0.0.1", port=serve_port),
-    )
-    try:
-        url = runtime.deploy(cfg)
-        runtime.wait_healthy(url, timeout_s=120)
+    with deployed(stack_config(serve_port, sim_model(MODEL, tiny_model_dir, replicas=2))) as url:
         yield url
-    finally:
-        serve.delete(runtime.APP_NAME)
 
 
 @pytest.mark.slow

@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
-from deploy.config import KvrouteConfig, ModelConfig, ServerConfig
 from tests.conftest import free_port
+from tests.stacks import deployed, sim_model, stack_config
 
 pytestmark = pytest.mark.slow
 MODEL = "sim-traced"
@@ -63,30 +63,18 @@ class Collector:
 @pytest.fixture(scope="module")
 def traced(ray_local: None, tiny_model_dir: Path, serve_port: int,
            tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    from ray import serve
-
-    from deploy import runtime
-
     collector = Collector(tmp_path_factory.mktemp("otel"))
     collector.start()
     saved = {k: v for k, v in os.environ.items() if k.startswith("OTEL_")}
     os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{collector.port}"
     os.environ["OTEL_SERVICE_NAME"] = "kvroute-test"
-    cfg = KvrouteConfig(
-        models=[ModelConfig(name=MODEL, engine="sim", model_path=str(tiny_model_dir),
-                            num_replicas=1, num_cpus=0.1,
-                            engine_kwargs={"tpot_s": 0.002, "prefill_tok_s": 100000.0})],
-        server=ServerConfig(host="127.0.0.1", port=serve_port),
-    )
     try:
-        url = runtime.deploy(cfg)
-        runtime.wait_healthy(url, timeout_s=120)
-        yield {"url": url, "collector": collector}
+        with deployed(stack_config(serve_port, sim_model(MODEL, tiny_model_dir))) as url:
+            yield {"url": url, "collector": collector}
     finally:
         for k in [k for k in os.environ if k.startswith("OTEL_")]:
             del os.environ[k]
         os.environ.update(saved)
-        serve.delete(runtime.APP_NAME)
         collector.stop()
 
 

@@ -20,8 +20,9 @@ from typing import Any
 import httpx
 import pytest
 
-from deploy.config import IndexConfig, KvrouteConfig, ModelConfig, ServerConfig
+from deploy.config import IndexConfig
 from router.http_util import MAX_BODY_BYTES
+from tests.stacks import deployed, sim_model, stack_config
 
 pytestmark = pytest.mark.slow
 MODEL = "sim-model"
@@ -33,22 +34,10 @@ ANTHROPIC_TYPES = {400: "invalid_request_error", 404: "not_found_error",
 
 @pytest.fixture(scope="module")
 def url(ray_local: None, tiny_model_dir: Path, serve_port: int) -> Iterator[str]:
-    from ray import serve
-
-    from deploy import runtime
-
-    cfg = KvrouteConfig(
-        models=[ModelConfig(name=MODEL, engine="sim", model_path=str(tiny_model_dir),
-                            num_replicas=1, num_cpus=0.1, context_window=CONTEXT,
-                            default_max_tokens=8,
-                            engine_kwargs={"tpot_s": 0.0005, "prefill_tok_s": 1e6})],
-        index=IndexConfig(redis_url=None),
-        server=ServerConfig(host="127.0.0.1", port=serve_port),
-    )
-    base = runtime.deploy(cfg)
-    runtime.wait_healthy(base, timeout_s=120)
-    yield base
-    serve.delete(runtime.APP_NAME)
+    model = sim_model(MODEL, tiny_model_dir, context_window=CONTEXT, default_max_tokens=8,
+                      tpot_s=0.0005, prefill_tok_s=1e6)
+    with deployed(stack_config(serve_port, model, index=IndexConfig(redis_url=None))) as base:
+        yield base
 
 
 @pytest.fixture(scope="module")

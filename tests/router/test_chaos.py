@@ -23,7 +23,8 @@ import pytest
 import redis
 from pytest_redis import factories
 
-from deploy.config import IndexConfig, KvrouteConfig, ModelConfig, ServerConfig
+from deploy.config import IndexConfig
+from tests.stacks import deployed, redis_url, sim_model, stack_config
 
 pytestmark = pytest.mark.slow
 MODEL = "sim-chaos"
@@ -33,22 +34,11 @@ chaos_redis = factories.redis_proc(host="127.0.0.1", port=None)
 @pytest.fixture(scope="module")
 def stack(ray_local: None, tiny_model_dir: Path, chaos_redis: Any,
           serve_port: int) -> Iterator[dict[str, Any]]:
-    from ray import serve
-
-    from deploy import runtime
-
-    url = f"redis://{chaos_redis.host}:{chaos_redis.port}/0"
-    cfg = KvrouteConfig(
-        models=[ModelConfig(name=MODEL, engine="sim", model_path=str(tiny_model_dir),
-                            num_replicas=3, num_cpus=0.1, max_ongoing_requests=32,
-                            engine_kwargs={"tpot_s": 0.01, "prefill_tok_s": 50000.0})],
-        index=IndexConfig(redis_url=url),
-        server=ServerConfig(host="127.0.0.1", port=serve_port),
-    )
-    base = runtime.deploy(cfg)
-    runtime.wait_healthy(base, timeout_s=120)
-    yield {"url": base, "redis": chaos_redis, "redis_url": url}
-    serve.delete(runtime.APP_NAME)
+    url = redis_url(chaos_redis)
+    model = sim_model(MODEL, tiny_model_dir, replicas=3, max_ongoing_requests=32,
+                      tpot_s=0.01, prefill_tok_s=50000.0)
+    with deployed(stack_config(serve_port, model, index=IndexConfig(redis_url=url))) as base:
+        yield {"url": base, "redis": chaos_redis, "redis_url": url}
 
 
 def _worker_pid() -> int:

@@ -23,8 +23,9 @@ import httpx
 import openai
 import pytest
 
-from deploy.config import IndexConfig, KvrouteConfig, ModelConfig, ServerConfig
+from deploy.config import IndexConfig, ModelConfig
 from tests.router.test_normalize import claude_code_request, claude_code_tools
+from tests.stacks import deployed, redis_url, stack_config
 
 pytestmark = pytest.mark.slow
 MODEL = "tiny-llama"
@@ -37,20 +38,11 @@ TOOLS = [{"name": "Read", "description": "Read a file from the local filesystem.
 def stack(
     ray_local: None, tiny_model_dir: Path, stack_redis: Any, serve_port: int
 ) -> Iterator[str]:
-    from deploy import runtime
-
-    cfg = KvrouteConfig(
-        models=[ModelConfig(name=MODEL, engine="mlx", model_path=str(tiny_model_dir),
-                            num_replicas=2, num_cpus=0.5)],
-        index=IndexConfig(redis_url=f"redis://{stack_redis.host}:{stack_redis.port}/0"),
-        server=ServerConfig(host="127.0.0.1", port=serve_port),
-    )
-    url = runtime.deploy(cfg)
-    runtime.wait_healthy(url, timeout_s=300)
-    yield url
-    from ray import serve
-
-    serve.delete(runtime.APP_NAME)
+    model = ModelConfig(name=MODEL, engine="mlx", model_path=str(tiny_model_dir),
+                        num_replicas=2, num_cpus=0.5)
+    index = IndexConfig(redis_url=redis_url(stack_redis))
+    with deployed(stack_config(serve_port, model, index=index), timeout_s=300) as url:
+        yield url
 
 
 def _anthropic(url: str) -> anthropic.Anthropic:

@@ -14,8 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
-from deploy.config import IndexConfig, KvrouteConfig, ModelConfig, RouterConfig, ServerConfig
+from deploy.config import IndexConfig, RouterConfig
 from router.auth import ApiKeyConfig, AuthConfig, hash_key
+from tests.stacks import deployed, redis_url, sim_model, stack_config
 
 pytestmark = pytest.mark.slow
 MODEL = "sim-auth"
@@ -27,27 +28,18 @@ CHAT = {"model": MODEL, "max_tokens": 3, "messages": [{"role": "user", "content"
 @pytest.fixture(scope="module")
 def stack(ray_local: None, tiny_model_dir: Path, stack_redis: Any,
           serve_port: int) -> Iterator[str]:
-    from ray import serve
-
-    from deploy import runtime
-
-    cfg = KvrouteConfig(
-        models=[ModelConfig(name=MODEL, engine="sim", model_path=str(tiny_model_dir),
-                            num_replicas=1, num_cpus=0.1,
-                            engine_kwargs={"tpot_s": 0.001, "prefill_tok_s": 200000.0})],
-        index=IndexConfig(redis_url=f"redis://{stack_redis.host}:{stack_redis.port}/0",
+    cfg = stack_config(
+        serve_port, sim_model(MODEL, tiny_model_dir, tpot_s=0.001, prefill_tok_s=200000.0),
+        index=IndexConfig(redis_url=redis_url(stack_redis),
                           namespace=f"e2eauth{uuid.uuid4().hex[:8]}", timeout_s=0.5),
         router=RouterConfig(replicas=2),
-        server=ServerConfig(host="127.0.0.1", port=serve_port),
         auth=AuthConfig(api_keys=[
             ApiKeyConfig(name="alice", key_sha256=hash_key(ALICE), requests_per_min=RPM),
             ApiKeyConfig(name="bob", key_sha256=hash_key(BOB), tokens_per_min=2000),
         ]),
     )
-    url = runtime.deploy(cfg)
-    runtime.wait_healthy(url, timeout_s=120)  # /health needs no key
-    yield url
-    serve.delete(runtime.APP_NAME)
+    with deployed(cfg) as url:  # /health needs no key
+        yield url
 
 
 def test_401s_in_each_api_shape(stack: str) -> None:

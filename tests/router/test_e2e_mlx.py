@@ -13,7 +13,8 @@ import openai
 import pytest
 import redis
 
-from deploy.config import IndexConfig, KvrouteConfig, ModelConfig, ServerConfig
+from deploy.config import IndexConfig, ModelConfig
+from tests.stacks import deployed, redis_url, stack_config
 
 pytestmark = pytest.mark.slow
 MODEL = "tiny-llama"
@@ -23,21 +24,12 @@ MODEL = "tiny-llama"
 def stack(
     ray_local: None, tiny_model_dir: Path, stack_redis: Any, serve_port: int
 ) -> Iterator[dict[str, Any]]:
-    from deploy import runtime
-
-    redis_url = f"redis://{stack_redis.host}:{stack_redis.port}/0"
-    cfg = KvrouteConfig(
-        models=[ModelConfig(name=MODEL, engine="mlx", model_path=str(tiny_model_dir),
-                            num_replicas=2, num_cpus=0.5)],
-        index=IndexConfig(redis_url=redis_url),
-        server=ServerConfig(host="127.0.0.1", port=serve_port),
-    )
-    url = runtime.deploy(cfg)
-    runtime.wait_healthy(url, timeout_s=300)
-    yield {"url": url, "redis_url": redis_url}
-    from ray import serve
-
-    serve.delete(runtime.APP_NAME)
+    index = redis_url(stack_redis)
+    model = ModelConfig(name=MODEL, engine="mlx", model_path=str(tiny_model_dir),
+                        num_replicas=2, num_cpus=0.5)
+    with deployed(stack_config(serve_port, model, index=IndexConfig(redis_url=index)),
+                  timeout_s=300) as url:
+        yield {"url": url, "redis_url": index}
 
 
 def _client(url: str) -> openai.OpenAI:

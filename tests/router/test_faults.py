@@ -13,7 +13,8 @@ import httpx
 import pytest
 
 from deploy.builder import ROUTER_DEPLOYMENT
-from deploy.config import KvrouteConfig, ModelConfig, RouterConfig, ServerConfig
+from deploy.config import RouterConfig
+from tests.stacks import deployed, sim_model, stack_config
 
 pytestmark = pytest.mark.slow
 MODEL = "sim-faults"
@@ -21,21 +22,9 @@ MODEL = "sim-faults"
 
 @pytest.fixture(scope="module")
 def stack(ray_local: None, tiny_model_dir: Path, serve_port: int) -> Iterator[str]:
-    from ray import serve
-
-    from deploy import runtime
-
-    cfg = KvrouteConfig(
-        models=[ModelConfig(name=MODEL, engine="sim", model_path=str(tiny_model_dir),
-                            num_replicas=2, num_cpus=0.1,
-                            engine_kwargs={"tpot_s": 0.05, "prefill_tok_s": 100000.0})],
-        router=RouterConfig(replicas=2),
-        server=ServerConfig(host="127.0.0.1", port=serve_port),
-    )
-    url = runtime.deploy(cfg)
-    runtime.wait_healthy(url, timeout_s=120)
-    yield url
-    serve.delete(runtime.APP_NAME)
+    model = sim_model(MODEL, tiny_model_dir, replicas=2, tpot_s=0.05)
+    with deployed(stack_config(serve_port, model, router=RouterConfig(replicas=2))) as url:
+        yield url
 
 
 def _kill(deployment: str, replica: str) -> None:

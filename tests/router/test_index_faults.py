@@ -14,7 +14,8 @@ import httpx
 import pytest
 from pytest_redis import factories
 
-from deploy.config import IndexConfig, KvrouteConfig, ModelConfig, ServerConfig
+from deploy.config import IndexConfig
+from tests.stacks import deployed, redis_url, sim_model, stack_config
 
 pytestmark = pytest.mark.slow
 MODEL = "sim-model"
@@ -25,22 +26,12 @@ fault_redis = factories.redis_proc(host="127.0.0.1", port=None)
 def stack(
     ray_local: None, tiny_model_dir: Path, fault_redis: Any, serve_port: int
 ) -> Iterator[dict[str, Any]]:
-    from ray import serve
-
-    from deploy import runtime
-
-    url = f"redis://{fault_redis.host}:{fault_redis.port}/0"
-    cfg = KvrouteConfig(
-        models=[ModelConfig(name=MODEL, engine="sim", model_path=str(tiny_model_dir),
-                            num_replicas=2, num_cpus=0.1,
-                            engine_kwargs={"tpot_s": 0.002, "prefill_tok_s": 200000.0})],
-        index=IndexConfig(redis_url=url, timeout_s=0.05),
-        server=ServerConfig(host="127.0.0.1", port=serve_port),
-    )
-    base = runtime.deploy(cfg)
-    runtime.wait_healthy(base, timeout_s=120)
-    yield {"url": base, "redis": fault_redis, "redis_url": url}
-    serve.delete(runtime.APP_NAME)
+    url = redis_url(fault_redis)
+    cfg = stack_config(serve_port, sim_model(MODEL, tiny_model_dir, replicas=2,
+                                             prefill_tok_s=200000.0),
+                       index=IndexConfig(redis_url=url, timeout_s=0.05))
+    with deployed(cfg) as base:
+        yield {"url": base, "redis": fault_redis, "redis_url": url}
 
 
 async def _one(client: httpx.AsyncClient, url: str, i: int) -> tuple[int, float]:

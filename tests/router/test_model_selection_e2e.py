@@ -11,29 +11,20 @@ from pathlib import Path
 import httpx
 import pytest
 
-from deploy.config import KvrouteConfig, ServerConfig
+from deploy.config import GroupMember, ModelGroup
+from tests.stacks import deployed, sim_model, stack_config
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def stack(ray_local: None, tiny_model_dir: Path, serve_port: int) -> Iterator[str]:
-    from ray import serve
-
-    from deploy import runtime
-
-    sim = {"engine": "sim", "model_path": str(tiny_model_dir), "num_replicas": 1,
-           "num_cpus": 0.1, "engine_kwargs": {"tpot_s": 0.002, "prefill_tok_s": 100000.0}}
-    cfg = KvrouteConfig.model_validate({
-        "models": [{"name": "big", **sim, "max_ongoing_requests": 1}, {"name": "small", **sim}],
-        "groups": [{"name": "coder", "models": [{"model": "big", "weight": 1.0},
-                                                {"model": "small", "weight": 0.6}]}],
-        "server": ServerConfig(host="127.0.0.1", port=serve_port).model_dump(),
-    })
-    url = runtime.deploy(cfg)
-    runtime.wait_healthy(url, timeout_s=120)
-    yield url
-    serve.delete(runtime.APP_NAME)
+    big = sim_model("big", tiny_model_dir, max_ongoing_requests=1)
+    coder = ModelGroup(name="coder", models=[GroupMember(model="big", weight=1.0),
+                                             GroupMember(model="small", weight=0.6)])
+    cfg = stack_config(serve_port, big, sim_model("small", tiny_model_dir), groups=[coder])
+    with deployed(cfg) as url:
+        yield url
 
 
 def _chat(url: str, model: str, text: str, session: str | None = None) -> httpx.Response:

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from deploy.config import KvrouteConfig, ModelConfig, ServerConfig
+from tests.stacks import deployed, sim_model, stack_config
 
 pytestmark = pytest.mark.slow
 MODEL = "sim-tight"
@@ -19,21 +19,10 @@ MODEL = "sim-tight"
 
 @pytest.fixture(scope="module")
 def stack(ray_local: None, tiny_model_dir: Path, serve_port: int) -> Iterator[str]:
-    from ray import serve
-
-    from deploy import runtime
-
-    cfg = KvrouteConfig(
-        models=[ModelConfig(name=MODEL, engine="sim", model_path=str(tiny_model_dir),
-                            num_replicas=1, num_cpus=0.1, max_ongoing_requests=2,
-                            max_queued_requests=2,
-                            engine_kwargs={"tpot_s": 0.05, "prefill_tok_s": 100000.0})],
-        server=ServerConfig(host="127.0.0.1", port=serve_port),
-    )
-    url = runtime.deploy(cfg)
-    runtime.wait_healthy(url, timeout_s=120)
-    yield url
-    serve.delete(runtime.APP_NAME)
+    model = sim_model(MODEL, tiny_model_dir, max_ongoing_requests=2, max_queued_requests=2,
+                      tpot_s=0.05)
+    with deployed(stack_config(serve_port, model)) as url:
+        yield url
 
 
 async def _one(client: httpx.AsyncClient, url: str, i: int) -> tuple[int, float, str | None]:

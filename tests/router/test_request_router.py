@@ -13,7 +13,8 @@ import httpx
 import pytest
 from pytest_redis import factories
 
-from deploy.config import IndexConfig, KvrouteConfig, ModelConfig, ServerConfig
+from deploy.config import IndexConfig
+from tests.stacks import deployed, redis_url, sim_model, stack_config
 
 pytestmark = pytest.mark.slow
 MODEL = "sim-rr"
@@ -23,22 +24,10 @@ rr_redis = factories.redis_proc(host="127.0.0.1", port=None)
 @pytest.fixture(scope="module")
 def stack(ray_local: None, tiny_model_dir: Path, rr_redis: Any,
           serve_port: int) -> Iterator[dict[str, Any]]:
-    from ray import serve
-
-    from deploy import runtime
-
-    redis_url = f"redis://{rr_redis.host}:{rr_redis.port}/0"
-    cfg = KvrouteConfig(
-        models=[ModelConfig(name=MODEL, engine="sim", model_path=str(tiny_model_dir),
-                            num_replicas=2, num_cpus=0.1,
-                            engine_kwargs={"tpot_s": 0.002, "prefill_tok_s": 100000.0})],
-        index=IndexConfig(redis_url=redis_url, liveness_ttl_s=3.0),
-        server=ServerConfig(host="127.0.0.1", port=serve_port),
-    )
-    url = runtime.deploy(cfg)
-    runtime.wait_healthy(url, timeout_s=120)
-    yield {"url": url, "redis_url": redis_url}
-    serve.delete(runtime.APP_NAME)
+    index = IndexConfig(redis_url=redis_url(rr_redis), liveness_ttl_s=3.0)
+    cfg = stack_config(serve_port, sim_model(MODEL, tiny_model_dir, replicas=2), index=index)
+    with deployed(cfg) as url:
+        yield {"url": url, "redis_url": index.redis_url}
 
 
 def _chat(url: str, text: str) -> httpx.Response:

@@ -39,7 +39,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from deploy.config import IndexConfig, KvrouteConfig, ModelConfig, ServerConfig
+from deploy.config import IndexConfig
+from tests.stacks import deployed, sim_model, stack_config
 
 pytestmark = pytest.mark.slow
 MODEL = "sim-model"
@@ -51,22 +52,10 @@ OPERATIONS = [*(("POST", p) for p in POSTS), *(("GET", p) for p in GETS)]
 
 @pytest.fixture(scope="module")
 def url(ray_local: None, tiny_model_dir: Path, serve_port: int) -> Iterator[str]:
-    from ray import serve
-
-    from deploy import runtime
-
-    cfg = KvrouteConfig(
-        models=[ModelConfig(name=MODEL, engine="sim", model_path=str(tiny_model_dir),
-                            num_replicas=1, num_cpus=0.1, context_window=2048,
-                            default_max_tokens=8, max_queued_requests=256,
-                            engine_kwargs={"tpot_s": 0.0002, "prefill_tok_s": 1e6})],
-        index=IndexConfig(redis_url=None),
-        server=ServerConfig(host="127.0.0.1", port=serve_port),
-    )
-    base = runtime.deploy(cfg)
-    runtime.wait_healthy(base, timeout_s=120)
-    yield base
-    serve.delete(runtime.APP_NAME)
+    model = sim_model(MODEL, tiny_model_dir, context_window=2048, default_max_tokens=8,
+                      max_queued_requests=256, tpot_s=0.0002, prefill_tok_s=1e6)
+    with deployed(stack_config(serve_port, model, index=IndexConfig(redis_url=None))) as base:
+        yield base
 
 
 @pytest.fixture(scope="module")

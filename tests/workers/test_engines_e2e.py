@@ -16,7 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
-from deploy.config import IndexConfig, KvrouteConfig, ModelConfig, ServerConfig
+from deploy.config import IndexConfig, ModelConfig
+from tests.stacks import deployed, redis_url, stack_config
 
 ENGINE_KWARGS: dict[str, dict[str, Any]] = {
     "sim": {"tpot_s": 0.002, "prefill_tok_s": 50000.0},
@@ -33,23 +34,16 @@ PARAMS = [
 @pytest.fixture(params=PARAMS)
 def engine_stack(request: pytest.FixtureRequest, ray_local: None, tiny_model_dir: Path,
                  stack_redis: Any, serve_port: int) -> Iterator[dict[str, Any]]:
-    from ray import serve
-
-    from deploy import runtime
-
-    engine = request.param
-    redis_url = f"redis://{stack_redis.host}:{stack_redis.port}/0"
-    cfg = KvrouteConfig(
-        models=[ModelConfig(name=f"e2e-{engine}", engine=engine, model_path=str(tiny_model_dir),
-                            num_replicas=1, num_cpus=0.5, context_window=8192,
-                            engine_kwargs=ENGINE_KWARGS[engine])],
-        index=IndexConfig(redis_url=redis_url, routed_ttl_s=1.0, namespace=f"e2e-{engine}"),
-        server=ServerConfig(host="127.0.0.1", port=serve_port),
+    engine, index = request.param, redis_url(stack_redis)
+    cfg = stack_config(
+        serve_port,
+        ModelConfig(name=f"e2e-{engine}", engine=engine, model_path=str(tiny_model_dir),
+                    num_replicas=1, num_cpus=0.5, context_window=8192,
+                    engine_kwargs=ENGINE_KWARGS[engine]),
+        index=IndexConfig(redis_url=index, routed_ttl_s=1.0, namespace=f"e2e-{engine}"),
     )
-    url = runtime.deploy(cfg)
-    runtime.wait_healthy(url, timeout_s=600)
-    yield {"url": url, "engine": engine, "model": f"e2e-{engine}", "redis_url": redis_url}
-    serve.delete(runtime.APP_NAME)
+    with deployed(cfg, timeout_s=600) as url:
+        yield {"url": url, "engine": engine, "model": f"e2e-{engine}", "redis_url": index}
 
 
 def _ask(url: str, model: str, prompt: str) -> dict[str, Any]:

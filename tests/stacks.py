@@ -1,0 +1,60 @@
+"""Real kvroute stacks for the end-to-end tests: sim models, Redis URLs, a deployed app.
+
+A module's fixture builds its config with ``sim_model`` and ``stack_config`` (models
+on the session's loopback Serve port) and serves it with ``deployed``, which waits
+for ``/health`` and always deletes the app again, so the next module starts clean.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Protocol
+
+from deploy.config import KvrouteConfig, ModelConfig, ServerConfig
+
+
+class HostPort(Protocol):
+    """A running server fixture, such as pytest-redis's ``redis_proc``."""
+
+    host: str
+    port: int
+
+
+def sim_model(
+    name: str, model_dir: Path, *, replicas: int = 1, tpot_s: float = 0.002,
+    prefill_tok_s: float = 100000.0, num_cpus: float = 0.1, **fields: Any,
+) -> ModelConfig:
+    """A sim-engine model on the tiny model's tokenizer; ``fields`` are other ModelConfig fields."""
+    return ModelConfig(
+        name=name, engine="sim", model_path=str(model_dir), num_replicas=replicas,
+        num_cpus=num_cpus, engine_kwargs={"tpot_s": tpot_s, "prefill_tok_s": prefill_tok_s},
+        **fields,
+    )
+
+
+def redis_url(proc: HostPort) -> str:
+    return f"redis://{proc.host}:{proc.port}/0"
+
+
+def stack_config(port: int, *models: ModelConfig, **sections: Any) -> KvrouteConfig:
+    """``models`` served on 127.0.0.1:``port``, plus other sections (index, router, auth...)."""
+    return KvrouteConfig(
+        models=list(models), server=ServerConfig(host="127.0.0.1", port=port), **sections
+    )
+
+
+@contextmanager
+def deployed(cfg: KvrouteConfig, timeout_s: float = 120.0) -> Iterator[str]:
+    """Deploy ``cfg`` on the running Ray, wait until healthy, yield its URL; then delete it."""
+    from ray import serve
+
+    from deploy import runtime
+
+    try:
+        url = runtime.deploy(cfg)
+        runtime.wait_healthy(url, timeout_s=timeout_s)
+        yield url
+    finally:
+        serve.delete(runtime.APP_NAME)
