@@ -24,6 +24,11 @@ A replica that never heartbeated but has entries is live (the router may write b
 worker's first heartbeat lands). A heartbeat always makes a replica live again and clears its
 tombstone (e.g. a restarted replica reusing its name; its old entries were purged).
 Dead replicas never appear in ``lookup`` / ``live_replicas``, whether or not purged yet.
+
+Sessions: ``record_session`` remembers the (model, replica) that last served a session
+(``x-session-id``, Anthropic ``metadata.user_id``) for ``session_ttl_s``; ``session`` reads
+it. Shared like the blocks, so a turn that reaches another router replica still finds where
+its session's KV lives. Redis stores a digest of the session id, never the id itself.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ class IndexSettings:
     routed_ttl_s: float = 120.0  # in-flight routed blocks count at once, expire if unconfirmed
     stored_ttl_s: float = 3600.0  # engine-confirmed blocks age out if events are lost
     liveness_ttl_s: float = 10.0  # replica considered dead if no heartbeat for this long
+    session_ttl_s: float = 3600.0  # a session's last (model, replica) is forgotten after this
     memory_max_entries: int = 250_000  # MemoryPrefixIndex cap on (block, replica) entries
 
     @property
@@ -78,6 +84,12 @@ class PrefixIndex(Protocol):
     async def apply_events(self, events: Sequence[CacheEvent]) -> None:
         """Ingest a batch of engine cache events, in order."""
         ...
+
+    async def session(self, session_id: str) -> tuple[str, str] | None:
+        """The (model, replica) that last served ``session_id``, if remembered."""
+        ...
+
+    async def record_session(self, session_id: str, model: str, replica: str) -> None: ...
 
     async def heartbeat(self, model: str, replica: str) -> None: ...
 

@@ -31,6 +31,7 @@ _SWEEP_PER_WRITE = 16  # LRU-head keys examined per write for expired entries
 
 BlockKey = tuple[str, int]
 RepKey = tuple[str, str]
+MAX_SESSIONS = 100_000  # sessions remembered per process (LRU beyond)
 
 
 class MemoryPrefixIndex:
@@ -49,6 +50,7 @@ class MemoryPrefixIndex:
         self._entries = 0
         self._heartbeats: dict[str, dict[str, float]] = {}
         self._tombstones: dict[str, dict[str, float]] = {}
+        self._sessions: OrderedDict[str, tuple[str, str, float]] = OrderedDict()  # LRU
 
     # ---- liveness -------------------------------------------------------------------------
 
@@ -191,6 +193,18 @@ class MemoryPrefixIndex:
                 self._purge(ev.model, ev.replica)
             else:
                 raise TypeError(f"not a cache event: {ev!r}")
+
+    async def session(self, session_id: str) -> tuple[str, str] | None:
+        found = self._sessions.get(session_id)
+        if found is None or found[2] <= self._clock():
+            return None
+        return found[0], found[1]
+
+    async def record_session(self, session_id: str, model: str, replica: str) -> None:
+        self._sessions[session_id] = (model, replica, self._clock() + self.settings.session_ttl_s)
+        self._sessions.move_to_end(session_id)
+        while len(self._sessions) > MAX_SESSIONS:
+            self._sessions.popitem(last=False)
 
     async def heartbeat(self, model: str, replica: str) -> None:
         self._heartbeats.setdefault(model, {})[replica] = self._clock()

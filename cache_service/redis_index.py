@@ -10,6 +10,7 @@ xxh3_64(model), mapped back to the model name in ``{ns}:m``)::
     {ns}:h:<tag>            ZSET  replica -> last heartbeat (ms)               liveness
     {ns}:d:<tag>            ZSET  replica -> tombstone time (removed / dead replicas)
     {ns}:m                  HASH  tag -> model name (for purge_dead / stats)
+    {ns}:s:<digest>         STRING "model\nreplica" of a session (xxh3_128 of its id), PX ttl
 
 One HASH per (model, replica) is both the index and the per-replica reverse set: purging a
 replica is one ``UNLINK``. Redis 7.0 has no per-field TTL (HEXPIRE is 7.4), so each field's
@@ -184,6 +185,23 @@ class RedisPrefixIndex:
             args += [self.key("r", model) + ":", _blob(hashes_by_model[model])]
         matches: list[dict[str, int]] = json.loads(await self._lookup(keys=keys, args=args))
         return dict(zip(models, matches, strict=True))
+
+    # ---- sessions -------------------------------------------------------------------------
+
+    def session_key(self, session_id: str) -> str:
+        # A digest: session ids may be user identities (Anthropic metadata.user_id).
+        return f"{self.prefix}s:{xxhash.xxh3_128_hexdigest(session_id.encode())}"
+
+    async def session(self, session_id: str) -> tuple[str, str] | None:
+        value = await self.client.get(self.session_key(session_id))
+        if not value or "\n" not in value:
+            return None
+        model, replica = value.split("\n", 1)
+        return model, replica
+
+    async def record_session(self, session_id: str, model: str, replica: str) -> None:
+        await self.client.set(self.session_key(session_id), f"{model}\n{replica}",
+                              px=_ms(self.settings.session_ttl_s))
 
     # ---- writes ---------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@
 * Recovery is automatic: redis-py reconnects on the next command and reloads scripts on
   NOSCRIPT after a Redis restart; new writes fill the (possibly empty) primary again.
 
-``lookup``, ``record_routed``, ``apply_events``, ``heartbeat`` and the maintenance calls never
+``lookup``, ``session``, the writes, ``heartbeat`` and the maintenance calls never
 raise (bugs included: they are logged and counted); cancellation is propagated.
 """
 
@@ -128,6 +128,18 @@ class ResilientIndex:
     async def apply_events(self, events: Sequence[CacheEvent]) -> None:
         await self._local("apply_events", lambda: self.fallback.apply_events(events), None)
         await self._primary("apply_events", lambda: self.primary.apply_events(events))
+
+    async def session(self, session_id: str) -> tuple[str, str] | None:
+        ok, result = await self._primary("session", lambda: self.primary.session(session_id))
+        if ok:
+            return result
+        return await self._local("session", lambda: self.fallback.session(session_id), None)
+
+    async def record_session(self, session_id: str, model: str, replica: str) -> None:
+        await self._local("record_session",
+                          lambda: self.fallback.record_session(session_id, model, replica), None)
+        await self._primary("record_session",
+                            lambda: self.primary.record_session(session_id, model, replica))
 
     async def heartbeat(self, model: str, replica: str) -> None:
         await self._local("heartbeat", lambda: self.fallback.heartbeat(model, replica), None)

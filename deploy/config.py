@@ -108,6 +108,8 @@ class IndexConfig(_Strict):
     routed_ttl_s: float = Field(120.0, gt=0, description="TTL of blocks recorded at routing.")
     stored_ttl_s: float = Field(3600.0, gt=0, description="TTL of engine-confirmed blocks.")
     liveness_ttl_s: float = Field(10.0, gt=0, description="Replica dead after this silence.")
+    session_ttl_s: float = Field(3600.0, gt=0, description="How long a session's last "
+                                 "(model, replica) is remembered, shared by all routers.")
     timeout_s: float = Field(0.05, gt=0, description="Per-call Redis timeout.")
 
 

@@ -34,7 +34,6 @@ from router.ratelimit import RateLimiter
 from router.request_router import RANK_KWARG
 from router.selection import (
     RouteRequest,
-    SessionTable,
     check_shared_tokenizers,
     fingerprint,
     request_context,
@@ -107,13 +106,13 @@ class RouterCore:
         self.models: dict[str, ModelConfig] = {m.name: m for m in config.models}
         self.tokenizers = {m.name: ChatTokenizer(m.model_path) for m in config.models}
         check_shared_tokenizers(config, self.tokenizers)
-        self.sessions = SessionTable()
         self._salts = {m.name: model_salt(m.name) for m in config.models}
         self._handles = {name: h.options(stream=True) for name, h in handles.items()}
         idx = config.index
         self.index: PrefixIndex = make_index(idx.redis_url, IndexSettings(
             namespace=idx.namespace, routed_ttl_s=idx.routed_ttl_s,
             stored_ttl_s=idx.stored_ttl_s, liveness_ttl_s=idx.liveness_ttl_s,
+            session_ttl_s=idx.session_ttl_s,
         ), on_error=lambda op: metrics.INDEX_ERRORS.labels(op).inc())
         self.pipeline = Pipeline(config.router.routing())
         self.auth = Authenticator.from_config(config.auth)
@@ -195,11 +194,13 @@ class RouterCore:
         bs = self.config.index.block_size
         hashes = {m: block_hashes(req.token_ids, bs, self._salts[m]) for m in weights}
         with telemetry.TRACER.start_as_current_span("index.lookup") as span:
-            match = await self.index.lookup(hashes)  # one round trip for every candidate model
+            # one round trip for every candidate model; the session's read runs alongside
+            match, sticky = await asyncio.gather(self.index.lookup(hashes),
+                                                 self._sticky(req.session_id))
             span.set_attribute("kvroute.blocks", len(next(iter(hashes.values()))))
         metrics.LOOKUP.observe(time.perf_counter() - started)
         ctx = request_context(self.config, req, weights, hashes, await self._all_candidates(
-            weights, match), self.sessions.get(req.session_id))
+            weights, match), sticky)
         with telemetry.TRACER.start_as_current_span("route"):
             ranked = self.pipeline.rank(ctx)
             if ranked:
@@ -209,8 +210,12 @@ class RouterCore:
                    "sampling": req.sampling}
         gen = await self._dispatch_with_retries(ranked, ctx, payload, info)
         info.model = gen.model
-        self.sessions.remember(req.session_id, gen.model, gen.replica)
+        if req.session_id:
+            self._spawn(self.index.record_session(req.session_id, gen.model, gen.replica))
         return gen
+
+    async def _sticky(self, session_id: str | None) -> tuple[str, str] | None:
+        return await self.index.session(session_id) if session_id else None
 
     async def _dispatch_with_retries(
         self, ranked: list[Candidate], ctx: RequestContext, payload: dict[str, Any],

@@ -8,17 +8,16 @@ cache is warm unless another model's preference outweighs re-prefilling there.
 Group members must share a tokenizer and chat template: the prompt is tokenized
 once and the same token ids go to whichever model wins.
 
-Sessions (``x-session-id``, or Anthropic ``metadata.user_id``) remember the last
-(model, replica) per session in this router replica; the session-affinity scorer
-turns it into a load-guarded preference. Across router replicas the shared
-prefix index already keeps a growing conversation on its replica.
+Sessions (``x-session-id``, or Anthropic ``metadata.user_id``): the prefix index
+remembers the last (model, replica) per session, shared by every router replica
+(``PrefixIndex.session``); the session-affinity scorer turns it into a load-guarded
+preference.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -37,25 +36,6 @@ class RouteRequest:
     headers: Mapping[str, str]
     session_id: str | None
     has_tools: bool = False
-
-
-class SessionTable:
-    """session id -> last (model, replica), LRU-bounded."""
-
-    def __init__(self, capacity: int = 100_000) -> None:
-        self._capacity = capacity
-        self._last: OrderedDict[str, tuple[str, str]] = OrderedDict()
-
-    def get(self, session: str | None) -> tuple[str, str] | None:
-        return self._last.get(session) if session else None
-
-    def remember(self, session: str | None, model: str, replica: str) -> None:
-        if not session:
-            return
-        self._last[session] = (model, replica)
-        self._last.move_to_end(session)
-        while len(self._last) > self._capacity:
-            self._last.popitem(last=False)
 
 
 @functools.cache

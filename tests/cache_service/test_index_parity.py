@@ -203,3 +203,17 @@ async def test_large_remove_and_clear(new_index: IndexFactory, settings_for: Set
     await index.apply_events([AllBlocksCleared("m1", "b")])
     assert (await index.lookup({"m1": big}))["m1"] == {"a": 5}
     assert (await index.stats()).blocks == 5
+
+
+async def test_sessions_remember_the_last_pair_then_expire(
+    new_index: IndexFactory, settings_for: SettingsFor
+) -> None:
+    index = new_index(settings_for(session_ttl_s=TTL))
+    assert await index.session("s1") is None
+    await index.record_session("s1", "m1", "r1")
+    await index.record_session("s1", "m2", "r7")  # the latest turn wins
+    await index.record_session("user 2 with spaces\nand a newline", "m1", "r2")
+    assert await index.session("s1") == ("m2", "r7")
+    assert await index.session("user 2 with spaces\nand a newline") == ("m1", "r2")
+    await asyncio.sleep(WAIT)
+    assert await index.session("s1") is None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -260,3 +261,18 @@ async def test_memory_per_block(
     with capsys.disabled():
         print(f"\nredis bytes per cached (block, replica) entry: {per_entry:.0f}")
     assert per_entry < 200
+
+
+async def test_sessions_are_shared_and_stored_as_digests(
+    redis_url: str, raw_redis: Any, settings_for: Any
+) -> None:
+    settings = settings_for()
+    router_a = RedisPrefixIndex(redis_url, settings, timeout_s=1.0)
+    router_b = RedisPrefixIndex(redis_url, settings, timeout_s=1.0)  # another router replica
+    await router_a.record_session("alice@example.com", "m", "r3")
+    assert await router_b.session("alice@example.com") == ("m", "r3")
+    keys = [k async for k in raw_redis.scan_iter(router_a.prefix + "s:*")]
+    assert len(keys) == 1 and "alice" not in keys[0]
+    assert 0 < await raw_redis.pttl(keys[0]) <= settings.session_ttl_s * 1000
+    await router_a.close()
+    await router_b.close()

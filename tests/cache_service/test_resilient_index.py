@@ -188,3 +188,16 @@ async def _probe_healthy(index: ResilientIndex) -> bool:
     await index.lookup({"m": H})
     return index.primary_healthy
 
+
+
+async def test_sessions_fall_back_to_the_local_view(
+    own_redis: Any, settings_for: SettingsFor
+) -> None:
+    index, errors = resilient(own_redis.url, settings_for())
+    await index.record_session("s", "m", "r1")
+    assert await index.primary.session("s") == ("m", "r1")  # shared while Redis is up
+    await own_redis.kill()
+    await index.record_session("s", "m", "r2")
+    assert await index.session("s") == ("m", "r2")  # this router's own view, no exception
+    assert "record_session" in errors
+    await index.close()

@@ -10,7 +10,6 @@ from deploy.config import KvrouteConfig
 from router.context import Candidate, RequestContext
 from router.pipeline import Pipeline
 from router.profiles import profile
-from router.selection import SessionTable
 
 PROMPT = 8000
 
@@ -55,14 +54,6 @@ def test_session_sticks_while_load_allows() -> None:
     assert _best(_ctx(*idle)) == ("m", "b")  # without the session: spread
     busy = (Candidate("m", "a", queued_prefill_tokens=50_000), Candidate("m", "b"))
     assert _best(_ctx(*busy, sticky=("m", "a"))) == ("m", "b")  # the load guard wins
-
-
-def test_session_table_is_bounded() -> None:
-    table = SessionTable(capacity=2)
-    for i in range(3):
-        table.remember(f"s{i}", "m", f"r{i}")
-    assert table.get("s0") is None and table.get("s2") == ("m", "r2")
-    assert table.get(None) is None
 
 
 BASE = {"models": [{"name": "big", "model_path": "/x"}, {"name": "small", "model_path": "/x"}]}
