@@ -9,6 +9,12 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from router.load import ReplicaLoad
+
+# A request sent this long before a report may not have reached the worker when it was
+# taken (dispatch, Serve's queue): count it as ours, once too often rather than never.
+ADMIT_SLACK_S = 0.05
+
 
 @dataclass(slots=True)
 class Candidate:
@@ -28,6 +34,10 @@ class Candidate:
     # rate from their deltas; zero means "not reported" and the prior above is used.
     prefill_tokens_total: int = 0
     prefill_busy_s: float = 0.0
+    # The part of queued_prefill_tokens the replica itself measured, report_age_s ago; the
+    # replica has been working on it since (the rest is this router's newer requests).
+    reported_prefill_tokens: int = 0
+    report_age_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -57,23 +67,45 @@ class RequestContext:
 
 def build_candidate(
     model: str, replica: str, *, matched_blocks: int, block_size: int,
-    local: tuple[int, int, int], reported: Mapping[str, float],
-    prefill_tok_s: float, max_ongoing: int = 1 << 30,
+    local: ReplicaLoad, reported: Mapping[str, float], prefill_tok_s: float,
+    max_ongoing: int = 1 << 30, now: float | None = None,
 ) -> Candidate:
     """A candidate as production builds it (shared by ``RouterCore`` and ``kvroute sim``).
 
-    ``local`` is this router's own (ongoing, pending prefill tokens, routed) for the
-    replica (``LoadTracker.get``); ``reported`` the worker's routing stats. Load is the
-    larger of the two views: the local one is exact and instant for this router's
-    traffic, the reported one covers other routers.
+    ``local`` is this router's view of the replica (``LoadTracker.get``), ``reported`` the
+    worker's routing stats (``LoadStats.routing_stats``), ``now`` the clock of both
+    (default: wall-clock time).
     """
-    ongoing, pending, routed = local
+    ongoing, queued, from_report, age = _merged_load(local, reported, now)
     return Candidate(
-        model, replica, matched_tokens=matched_blocks * block_size,
-        ongoing=max(ongoing, int(reported.get("ongoing_requests", 0))),
-        queued_prefill_tokens=max(pending, int(reported.get("queued_prefill_tokens", 0))),
-        kv_usage=float(reported.get("kv_usage", 0.0)), routed=routed,
-        prefill_tok_s=prefill_tok_s, max_ongoing=max_ongoing,
+        model, replica, matched_tokens=matched_blocks * block_size, ongoing=ongoing,
+        queued_prefill_tokens=queued, kv_usage=float(reported.get("kv_usage", 0.0)),
+        routed=local.routed, prefill_tok_s=prefill_tok_s, max_ongoing=max_ongoing,
         prefill_tokens_total=int(reported.get("prefill_tokens_total", 0)),
         prefill_busy_s=float(reported.get("prefill_busy_s", 0.0)),
+        reported_prefill_tokens=from_report, report_age_s=age,
     )
+
+
+def _merged_load(
+    local: ReplicaLoad, reported: Mapping[str, float], now: float | None
+) -> tuple[int, int, int, float]:
+    """(ongoing, queued prefill tokens, the reported part of those, the report's age).
+
+    At the report's time ``t`` the worker saw every router's requests, and knew how much
+    prefill work was left; this router knows exactly what it sent and saw finish since.
+    So: the report, plus this router's changes after ``t``. Without a time (an older
+    worker), the larger of the two views.
+    """
+    rep_ongoing = int(reported.get("ongoing_requests", 0))
+    rep_queued = int(reported.get("queued_prefill_tokens", 0))
+    if "stats_time" not in reported:
+        return max(local.ongoing, rep_ongoing), max(local.pending_prefill, rep_queued), 0, 0.0
+    t = float(reported["stats_time"])
+    ongoing = local.ongoing + max(0, rep_ongoing - local.ongoing_at(t))  # + other routers'
+    if "remaining_prefill_tokens" not in reported:  # an upper bound only (vLLM)
+        return ongoing, max(local.pending_prefill, rep_queued), 0, 0.0
+    remaining = int(reported["remaining_prefill_tokens"])
+    own_since = local.pending_since(t - ADMIT_SLACK_S)
+    age = max(0.0, (time.time() if now is None else now) - t)
+    return ongoing, remaining + own_since, remaining, age

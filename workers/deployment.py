@@ -106,9 +106,7 @@ class ModelWorker:
             "replica": self._replica,
             "node": self._node,
             "http": self._direct.address if self._direct else None,
-            "ongoing_requests": stats.ongoing_requests,
-            "queued_prefill_tokens": stats.queued_prefill_tokens,
-            "kv_usage": stats.kv_usage,
+            **stats.routing_stats(),
         }
 
     async def record_routing_stats(self) -> dict[str, Any]:

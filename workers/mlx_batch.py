@@ -95,6 +95,9 @@ class BatchLoop:
         self.events_lock = threading.Lock()
         self.store: PrefixKVStore[list[Any]] | None = None
         self.active_bytes = 0  # KV held by running sequences
+        # Cumulative prefill work (mlx-lm's own counters; int/float reads are atomic).
+        self.prefill_tokens_total = 0
+        self.prefill_busy_s = 0.0
         self._inbox: queue.SimpleQueue[tuple[str, Job | None]] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._closed = False
@@ -243,7 +246,10 @@ class BatchLoop:
             self._seqs[uid] = _Seq(job, reused, self._tokenizer.detokenizer, stops)
 
     def _step(self) -> None:
-        prompt_responses, gen_responses = self._gen.next()
+        with self._gen.stats() as work:
+            prompt_responses, gen_responses = self._gen.next()
+        self.prefill_tokens_total += work.prompt_tokens  # the uncached suffixes inserted
+        self.prefill_busy_s += work.prompt_time
         for r in prompt_responses:
             if seq := self._seqs.get(r.uid):
                 done, total = r.progress

@@ -9,9 +9,11 @@ loop only submits requests, reads per-request asyncio queues, and cancels.
 Each request reuses the longest cached prefix from a ``PrefixKVStore`` (trimming a
 longer entry where needed), prefills only the rest, and stores its KV back on
 finish; the store turns that into precise block events for the router's index.
-``load()`` reports running requests, uncached prompt tokens not yet prefilled (a
-request still in the inbox counts its whole prompt until its cache lookup), and
-the KV in the store plus in the running batch as a fraction of ``cache_bytes``.
+``load()`` reports running requests, uncached prompt tokens not yet prefilled (the
+running prefill only its rest; a request still in the inbox counts its whole prompt
+until its cache lookup), the KV in the store plus in the running batch as a fraction
+of ``cache_bytes``, and mlx-lm's cumulative prompt tokens and prompt seconds (from
+which the router learns the replica's prefill rate).
 """
 
 from __future__ import annotations
@@ -162,6 +164,9 @@ class MlxEngine:
             len(jobs),
             sum(j.prefill_left for j in jobs),
             min(1.0, used / self._cfg.cache_bytes),
+            remaining_prefill_exact=True,
+            prefill_tokens_total=self._core.prefill_tokens_total,
+            prefill_busy_s=self._core.prefill_busy_s,
         )
 
     async def check_health(self) -> None:

@@ -7,6 +7,7 @@ by the engine itself), and forwards the engine's cache events to the index.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -53,9 +54,38 @@ class Finished:
 
 @dataclass(frozen=True, slots=True)
 class LoadStats:
+    """An engine's load, as its worker reports it in Serve's routing stats.
+
+    ``queued_prefill_tokens`` is prompt tokens not yet prefilled, as well as the engine can
+    tell. ``remaining_prefill_exact`` says it is exactly the uncached tokens still to
+    prefill, the rest of the running prefill included: the router then trusts it over its
+    own estimate (``router.context.build_candidate``). The cumulative counters (uncached
+    tokens prefilled, seconds spent prefilling; 0 = not reported) let the router learn
+    the replica's prefill rate. ``taken_at`` is wall-clock time, comparable across hosts.
+    """
+
     ongoing_requests: int
     queued_prefill_tokens: int
     kv_usage: float  # fraction of the KV budget in use, 0..1
+    remaining_prefill_exact: bool = False
+    prefill_tokens_total: int = 0
+    prefill_busy_s: float = 0.0
+    taken_at: float = field(default_factory=time.time, compare=False)
+
+    def routing_stats(self) -> dict[str, float]:
+        """The routing-stats keys the router reads (``router.context.build_candidate``)."""
+        out: dict[str, float] = {
+            "ongoing_requests": self.ongoing_requests,
+            "queued_prefill_tokens": self.queued_prefill_tokens,
+            "kv_usage": self.kv_usage,
+            "stats_time": self.taken_at,
+        }
+        if self.remaining_prefill_exact:
+            out["remaining_prefill_tokens"] = self.queued_prefill_tokens
+        if self.prefill_busy_s > 0:
+            out["prefill_tokens_total"] = self.prefill_tokens_total
+            out["prefill_busy_s"] = self.prefill_busy_s
+        return out
 
 
 class EngineError(RuntimeError):

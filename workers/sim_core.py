@@ -15,7 +15,9 @@ Dynamo's mocker or llm-d's inference simulator); it runs no model. The model:
   does). Its uncached tokens take ``uncached / prefill_tok_s`` seconds; the first token
   is produced when prefill ends (so TTFT = queueing + own prefill). Slots for its new
   blocks are reserved (evicting, ``BlockRemoved``) at prefill start; the blocks are
-  stored (``BlockStored``) at prefill end.
+  stored (``BlockStored``) at prefill end. ``load(now)`` reports the prefill work still to
+  do (the running prefill only its rest) and cumulative counters of the work done, as a
+  worker reports them in its routing stats.
 * Decode: in parallel, independent of prefill. After each token a request schedules its
   next one ``tpot_s + tpot_per_batch_s * (batch - 1)`` seconds later, batch = requests
   decoding at that moment.
@@ -152,7 +154,10 @@ class SimCore:
         self._free: OrderedDict[int, None] = OrderedDict()  # cached, evictable, LRU first
         self._pinned: dict[int, int] = {}  # cached and used: hash -> running requests
         self._reserved = 0  # slots of blocks being prefilled
-        self._queued_tokens = 0
+        self._queued_tokens = 0  # uncached tokens of waiting and prefilling requests
+        self._prefill_start = 0.0  # when the running prefill started
+        self._prefilled_tokens = 0  # cumulative counters of finished prefill work
+        self._prefill_busy_s = 0.0
         self._events: list[CacheEvent] = []
         self._pending: list[SimOutput] = []
 
@@ -223,12 +228,36 @@ class SimCore:
         if self._pinned:
             self._events.append(BlockStored(self.model, self.replica, tuple(self._pinned)))
 
-    def load(self) -> LoadStats:
+    def load(self, now: float | None = None) -> LoadStats:
+        """Load at ``now`` (default: the core's clock; not before it, and no event is run).
+
+        ``queued_prefill_tokens`` is the remaining prefill work: the running prefill counts
+        only its tokens not yet done. The counters include the running prefill's progress.
+        """
+        t = self._now if now is None else max(now, self._now)
+        done_tok, done_s = self._running_progress(t)
         # Like vLLM's kv_cache_usage: evictable cached blocks count as free.
         used = len(self._pinned) + self._reserved
-        return LoadStats(len(self._reqs), self._queued_tokens, used / self.params.kv_blocks)
+        return LoadStats(
+            len(self._reqs), self._queued_tokens - done_tok, used / self.params.kv_blocks,
+            remaining_prefill_exact=True,
+            prefill_tokens_total=self._prefilled_tokens + done_tok,
+            prefill_busy_s=self._prefill_busy_s + done_s, taken_at=t,
+        )
 
     # -- internals -------------------------------------------------------------------
+    def _running_progress(self, t: float) -> tuple[int, float]:
+        """(tokens, seconds) of the running prefill done by ``t``."""
+        if self._prefilling is None:
+            return 0, 0.0
+        r = self._reqs[self._prefilling]
+        busy = min(max(0.0, t - self._prefill_start), r.uncached / self.params.prefill_tok_s)
+        return min(r.uncached, int(busy * self.params.prefill_tok_s)), busy
+
+    def _credit_prefill(self, tokens: int, busy_s: float) -> None:
+        self._prefilled_tokens += tokens
+        self._prefill_busy_s += busy_s
+
     def _run_until(self, now: float) -> None:
         if now < self._now:
             raise ValueError(f"time went backwards: {now} < {self._now}")
@@ -275,6 +304,7 @@ class SimCore:
         r.to_store = list(missing)[: max(0, room)]
         self._reserved += len(r.to_store)
         r.state, self._prefilling = "prefill", r.spec.request_id
+        self._prefill_start = t
         self._schedule(r, t + r.uncached / self.params.prefill_tok_s)
 
     def _end_prefill(self, r: _Req) -> None:
@@ -285,6 +315,7 @@ class SimCore:
             self._events.append(BlockStored(self.model, self.replica, tuple(r.to_store)))
         r.to_store = []
         self._queued_tokens -= r.uncached
+        self._credit_prefill(r.uncached, r.uncached / self.params.prefill_tok_s)
         self._prefilling = None
         r.state = "decode"
         self._decoding += 1
@@ -309,6 +340,8 @@ class SimCore:
 
     def _finish(self, r: _Req, t: float, reason: str) -> SimFinish:
         spec = r.spec
+        if r.state == "prefill":
+            self._credit_prefill(*self._running_progress(t))  # the work done before the cancel
         del self._reqs[spec.request_id]
         if r.state == "prefill":
             self._reserved -= len(r.to_store)

@@ -17,6 +17,7 @@ Temperature and top_p are ignored: output is a pure function of (prompt, seed, p
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 
@@ -126,7 +127,10 @@ class SimEngine:
         return self._core.drain_events()
 
     def load(self) -> LoadStats:
-        return self._core.load()
+        # The core's clock lags between events: measure the running prefill's progress now.
+        # Its time is the loop's; routers compare wall-clock times.
+        load = self._core.load(self._now() if self._loop is not None else None)
+        return replace(load, taken_at=time.time())
 
     async def check_health(self) -> None:
         if self._loop is None or self._closed:

@@ -372,6 +372,11 @@ class VllmEngine:
         return self.mapper.drain()
 
     def load(self) -> LoadStats:
+        # AsyncLLM's front end only sees a request's prompt length until its first token
+        # (the scheduler's progress and the prefix hit arrive with it), so the queued figure
+        # is an upper bound, not the remaining prefill; and it exposes no prefill busy time
+        # (per-request prefill_time overlaps under batched prefill). So neither the exact
+        # flag nor the rate counters are reported: the router keeps its own estimate.
         if self._llm is None:
             return LoadStats(0, 0, 0.0)
         return LoadStats(

@@ -8,7 +8,9 @@ busy (``ops.sim.calibrate``) and prints it; ``--load RHO`` picks the speedup at 
 the trace's offered prefill load at its ideal reuse is RHO (``ops.sim.trace``).
 ``--policy`` takes one profile name or several, comma-separated (or ``all``); with
 several, ``--out R.json`` writes ``R.<policy>.json`` for each. Also runnable as
-``python -m ops.sim``.
+``python -m ops.sim``. ``--oracle`` also prints a lower bound on any policy's TTFT
+(``ops.sim.oracle``). Workers' routing stats reach the router every ``--stats-period-s``
+(Serve's period), ``--stats-delay-s`` late.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ops.sim.calibrate import REFERENCE, calibrate_speedup
+from ops.sim.oracle import no_queue_ttft, summary
 from ops.sim.report import bench_json, format_table, prefill_busy
 from ops.sim.simulator import SimConfig, simulate
 from ops.sim.trace import TraceRequest, ideal_reuse, load_trace, offered_load, speedup_for_load
@@ -54,7 +57,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="cap of the baselines' approximate trees (default: each plugin's)")
     p.add_argument("--max-requests", type=int, help="replay only the first N requests")
     p.add_argument("--seed", type=int, default=0, help="seed of randomised pickers")
+    p.add_argument("--stats-period-s", type=float, default=1.0,
+                   help="workers' routing-stats period (Serve's; 0: fresh at every decision)")
+    p.add_argument("--stats-delay-s", type=float, default=0.1,
+                   help="routing stats reach the router this late (a controller tick)")
     p.add_argument("--out", help="bench JSON path")
+    p.add_argument("--oracle", action="store_true",
+                   help="also print the no-queueing, infinite-cache TTFT lower bound")
     p.set_defaults(func=cmd_sim)
 
 
@@ -73,7 +82,8 @@ def config_from_args(args: argparse.Namespace, trace: list[TraceRequest]) -> Sim
         block_size=args.block_size, prefill_tok_s=args.prefill_tok_s,
         tpot_s=args.tpot_ms / 1000.0, tpot_per_batch_s=args.tpot_per_batch_ms / 1000.0,
         seed=args.seed, prior_prefill_tok_s=args.prior_prefill_tok_s,
-        tree_blocks=args.tree_blocks,
+        tree_blocks=args.tree_blocks, stats_period_s=args.stats_period_s,
+        stats_delay_s=args.stats_delay_s,
     )
     if args.load is not None:
         speedup = speedup_for_load(trace, args.load, cfg.replicas, cfg.prefill_tok_s,
@@ -123,6 +133,10 @@ def cmd_sim(args: argparse.Namespace) -> int:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(bench, indent=2) + "\n", encoding="utf-8")
     sys.stdout.write(format_table(benches) + "\n")
+    if args.oracle:
+        low = summary(no_queue_ttft(trace, base.block_size, base.prefill_tok_s))
+        sys.stdout.write("oracle (no queueing, infinite cache): " + " ".join(
+            f"ttft_{k} {v:.3f}" for k, v in low.items()) + "\n")
     return 0
 
 

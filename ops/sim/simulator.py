@@ -7,9 +7,11 @@ does, with the same code:
 1. ``MemoryPrefixIndex.lookup`` of the request's ``hash_ids`` (used directly as
    block hashes: one per 512-token block, chained, as the trace defines them);
 2. one ``Candidate`` per replica from ``router.context.build_candidate``: matched
-   blocks from the index, load = max(this router's ``LoadTracker`` view, the
-   replica's reported ``SimCore.load()``), and the replica's cumulative prefill
-   counters from which the kvroute scorer learns its prefill rate;
+   blocks from the index; load merged from this router's ``LoadTracker`` view and
+   the replica's routing stats (``SimCore.load().routing_stats()``: remaining
+   prefill, cumulative prefill counters), as Serve delivers them: taken every
+   ``stats_period_s`` (jittered like Serve's controller), seen ``stats_delay_s``
+   later;
 3. ``Pipeline.rank`` with the named profile, then ``on_routed`` (baselines learn
    their approximate trees there), ``LoadTracker.begin`` and the index's in-flight
    ``record_routed`` write, then ``SimCore.submit`` on the chosen replica.
@@ -18,15 +20,10 @@ Between arrivals every ``SimCore`` advances to the next arrival time; its output
 update the load tracker (first token, finish) and the per-request records, and its
 cache events (stored / removed) are applied to the index before the next decision.
 
-Simplifications (documented in docs/routing.md): one router, so the router-local
-load view is exact; the replicas' reported stats are fresh (no push delay); engine
-cache events reach the index with no latency (they are applied at the next
-arrival, the first moment the index is read). Cumulative prefill counters, which a
-real worker would report, are derived from the emulator's outputs: prefill is FIFO
-and one at a time, so a request's prefill starts at max(its arrival, the previous
-prefill's end) and ends at its first token; they are credited when it finishes
-(the emulator reports the cached tokens then). The whole run is one
-``asyncio.run``; nothing depends on wall time or unseeded randomness, so it is
+Simplifications (documented in docs/routing.md): one router; engine cache events
+reach the index with no latency (they are applied at the next arrival, the first
+moment the index is read). The whole run is one ``asyncio.run``; the stats jitter
+is seeded; nothing depends on wall time or unseeded randomness, so it is
 deterministic.
 """
 
@@ -34,6 +31,8 @@ from __future__ import annotations
 
 import asyncio
 import math
+import random
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,6 +62,11 @@ class SimConfig:
     prior_prefill_tok_s: float = 4000.0  # the router's prior (production default)
     tree_blocks: int | None = None  # baselines' tree cap; None: each plugin's default
     model: str = "sim"
+    # Routing stats as Serve delivers them: taken every period (x U(0.9, 1.1), Serve's
+    # jitter), seen by the router one controller tick later. Period 0: fresh at every
+    # decision. 1 s is deploy/builder.py's request_routing_stats_period_s.
+    stats_period_s: float = 1.0
+    stats_delay_s: float = 0.1
 
 
 @dataclass(slots=True)
@@ -88,22 +92,23 @@ class SimResult:
 
 @dataclass(slots=True)
 class _Replica:
+    """An emulated replica and the routing stats the router has of it."""
+
     name: str
     core: SimCore
-    last_prefill_end: float = 0.0
-    prefill_tokens_total: int = 0  # what a worker would report (cumulative counters)
-    prefill_busy_s: float = 0.0
-    prefilled: dict[str, float] = field(default_factory=dict)  # rid -> prefill seconds
+    rng: random.Random  # the stats period's jitter
+    next_report: float = 0.0
+    in_transit: deque[tuple[float, dict[str, float]]] = field(default_factory=deque)
+    seen: dict[str, float] = field(default_factory=dict)  # as the router has it
 
-    def stats(self) -> dict[str, float]:
-        load = self.core.load()
-        return {
-            "ongoing_requests": load.ongoing_requests,
-            "queued_prefill_tokens": load.queued_prefill_tokens,
-            "kv_usage": load.kv_usage,
-            "prefill_tokens_total": self.prefill_tokens_total,
-            "prefill_busy_s": self.prefill_busy_s,
-        }
+    def report(self, t: float, cfg: SimConfig) -> None:
+        """The worker's record_routing_stats at ``t``; the next one a jittered period on."""
+        self.in_transit.append((t + cfg.stats_delay_s, self.core.load(t).routing_stats()))
+        self.next_report = t + cfg.stats_period_s * self.rng.uniform(0.9, 1.1)
+
+    def deliver(self, t: float) -> None:
+        while self.in_transit and self.in_transit[0][0] <= t:
+            self.seen = self.in_transit.popleft()[1]
 
 
 def pipeline_config(cfg: SimConfig) -> PipelineConfig:
@@ -135,8 +140,11 @@ class Simulator:
             tpot_s=cfg.tpot_s, tpot_per_batch_s=cfg.tpot_per_batch_s,
         )
         self.replicas = [
-            _Replica(f"r{i}", SimCore(params, cfg.model, f"r{i}")) for i in range(cfg.replicas)
+            _Replica(f"r{i}", SimCore(params, cfg.model, f"r{i}"), random.Random(cfg.seed + i))
+            for i in range(cfg.replicas)
         ]
+        for rep in self.replicas:  # Serve's stats calls start whenever each replica did
+            rep.next_report = rep.rng.uniform(0.0, cfg.stats_period_s)
         self._by_name = {r.name: r for r in self.replicas}
         self.index = MemoryPrefixIndex(IndexSettings(), clock=lambda: self.now)
         self.pipeline = Pipeline(pipeline_config(cfg))
@@ -150,16 +158,20 @@ class Simulator:
             await self._advance((req.arrival_s - t0) / self.cfg.speedup)
             await self._route(f"req-{i}", req)
         for rep in self.replicas:  # run every replica dry
-            self._absorb(rep, rep.core.advance(math.inf))
+            self._absorb(rep.core.advance(math.inf))
         return SimResult(
             self.cfg, list(self.records.values()), [r.name for r in self.replicas],
-            {r.name: r.prefill_busy_s for r in self.replicas},
+            {r.name: r.core.load().prefill_busy_s for r in self.replicas},
         )
 
     async def _advance(self, t: float) -> None:
         self.now = t
         for rep in self.replicas:
-            self._absorb(rep, rep.core.advance(t))
+            while self.cfg.stats_period_s > 0 and rep.next_report <= t:
+                self._absorb(rep.core.advance(rep.next_report))
+                rep.report(rep.next_report, self.cfg)
+            self._absorb(rep.core.advance(t))
+            rep.deliver(t)
             if events := rep.core.drain_events():
                 await self.index.apply_events(events)
 
@@ -171,7 +183,8 @@ class Simulator:
             build_candidate(
                 model, rep.name, matched_blocks=matches.get(rep.name, 0),
                 block_size=cfg.block_size, local=self.loads.get(model, rep.name),
-                reported=rep.stats(), prefill_tok_s=cfg.prior_prefill_tok_s,
+                reported=self._reported(rep), prefill_tok_s=cfg.prior_prefill_tok_s,
+                now=self.now,
             )
             for rep in self.replicas
         ]
@@ -180,7 +193,8 @@ class Simulator:
                              now=self.now)
         target = self.pipeline.rank(ctx)[0]
         self.pipeline.on_routed(ctx, target)
-        self._tickets[rid] = self.loads.begin(model, target.replica, ctx.uncached(target))
+        self._tickets[rid] = self.loads.begin(model, target.replica, ctx.uncached(target),
+                                              self.now)
         await self.index.record_routed(model, target.replica, hashes)
         # Predicted as the engine counts: at least one prompt token is always computed.
         predicted = min(target.matched_tokens, prompt - 1)
@@ -188,21 +202,19 @@ class Simulator:
         spec = SimRequest(rid, hashes, prompt, max(1, req.output_length))
         self._by_name[target.replica].core.submit(spec, self.now)
 
-    def _absorb(self, rep: _Replica, outs: list[SimOutput]) -> None:
+    def _reported(self, rep: _Replica) -> dict[str, float]:
+        return rep.seen if self.cfg.stats_period_s > 0 else rep.core.load(self.now).routing_stats()
+
+    def _absorb(self, outs: list[SimOutput]) -> None:
         for out in outs:
             rec = self.records[out.request_id]
             if isinstance(out, SimFinish):
                 rec.finish_s, rec.cached_tokens = out.time, out.cached_tokens
                 rec.completion_tokens = out.completion_tokens
-                self.loads.end(self._tickets.pop(out.request_id))
-                rep.prefill_tokens_total += out.prompt_tokens - out.cached_tokens
-                rep.prefill_busy_s += rep.prefilled.pop(out.request_id, 0.0)
+                self.loads.end(self._tickets.pop(out.request_id), out.time)
             elif out.index == 0:  # first token: prefill just ended
                 rec.first_token_s = out.time
                 self.loads.first_token(self._tickets[out.request_id])
-                start = max(rec.arrival_s, rep.last_prefill_end)
-                rep.prefilled[out.request_id] = out.time - start
-                rep.last_prefill_end = out.time
 
 
 def simulate(trace: Sequence[TraceRequest], cfg: SimConfig) -> SimResult:

@@ -5,9 +5,11 @@ Own time to first token on candidate c (prefill is FIFO on a replica):
     T(c) = (queued prefill tokens on c + this request's uncached tokens on c) / rate(c)
 
 The uncached term rewards cache hits; the queue term is the backlog the request
-waits behind. This trades hit rate against load in the unit that matters to the
-user (seconds) instead of gating affinity on request-count thresholds, which
-track the prefill backlog poorly.
+waits behind: the replica's reported remaining prefill, less what it has done since
+the report at its learned rate, plus this router's newer requests (``queued_now``).
+This trades hit rate against load in the unit that matters to the user (seconds)
+instead of gating affinity on request-count thresholds, which track the prefill
+backlog poorly.
 
 Minimising T alone is greedy: it ignores that this request's prefill,
 x(c) = uncached(c) / rate(c), also delays every request that later queues behind
@@ -88,6 +90,14 @@ class PrefillRates:
         return max(learned if learned else c.prefill_tok_s, 1.0)
 
 
+def queued_now(c: Candidate, rate: float) -> float:
+    """Prefill tokens queued on ``c`` now: the replica has worked through its reported
+    backlog at ``rate`` since the report (FIFO and never idle while it has work), and
+    this router's newer requests wait behind that backlog."""
+    drained = min(c.reported_prefill_tokens, rate * c.report_age_s)
+    return max(0.0, c.queued_prefill_tokens - drained)
+
+
 class ArrivalRate:
     """Requests per second, from an EWMA of the gaps between routing decisions."""
 
@@ -124,7 +134,7 @@ class QueuedPrefillScorer:
         for c in ctx.candidates:
             rate = self.rates.rate(c)
             x = ctx.uncached(c) / rate
-            own = _FLOOR_S + c.queued_prefill_tokens / rate + x
+            own = _FLOOR_S + queued_now(c, rate) / rate + x
             out.append(own * (1.0 + lam * x))
         return out
 

@@ -4,14 +4,16 @@ trace, read only)."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 from pathlib import Path
 
 import pytest
 
 from ops.sim.cli import add_parser
+from ops.sim.oracle import no_queue_ttft, summary
 from ops.sim.report import BENCH_KEYS, bench_json
-from ops.sim.simulator import SimConfig, simulate
+from ops.sim.simulator import SimConfig, Simulator, simulate
 from ops.sim.trace import TraceRequest, ideal_reuse, load_trace, offered_load, speedup_for_load
 
 MOONCAKE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_trace_1000.jsonl"
@@ -126,7 +128,40 @@ def test_cli_writes_bench_json_and_prints_a_table(
     assert bench["params"]["offered_load"] == pytest.approx(0.5)
     assert "kvroute" in capsys.readouterr().out
     args = parser.parse_args(["sim", "--trace", str(trace), "--max-requests", "10",
-                              "--policy", "round-robin,power-of-two", "--out", str(out)])
+                              "--policy", "round-robin,power-of-two", "--out", str(out),
+                              "--stats-period-s", "0", "--oracle"])
     assert args.func(args) == 0
+    assert "oracle (no queueing, infinite cache): ttft_mean" in capsys.readouterr().out
+    assert json.loads(out.with_name("r.round-robin.json").read_text())["params"][
+        "stats_period_s"] == 0.0
     assert (tmp_path / "r.round-robin.json").exists()
     assert (tmp_path / "r.power-of-two.json").exists()
+
+
+def test_oracle_is_a_per_request_lower_bound(chats: list[TraceRequest]) -> None:
+    oracle = no_queue_ttft(chats, 512, 12000.0)
+    assert oracle[0] == chats[0].input_length / 12000.0  # nothing seen yet: a full prefill
+    # Turn 2 of conversation 0 repeats its 4 first blocks (system prompt and turn 1).
+    assert oracle[13] == pytest.approx((chats[13].input_length - 4 * 512) / 12000.0)
+    for policy in ("kvroute", "sglang-cache-aware"):
+        res = simulate(chats, SimConfig(replicas=2, speedup=4.0, kv_blocks=20, policy=policy))
+        for rec, low in zip(res.records, oracle, strict=True):
+            assert rec.first_token_s - rec.arrival_s >= low - 1e-9
+    assert summary(oracle)["p99"] <= max(oracle)
+
+
+def test_routing_stats_arrive_as_serve_delivers_them(chats: list[TraceRequest]) -> None:
+    sim = Simulator(SimConfig(replicas=2, speedup=2.0, stats_period_s=1.0, stats_delay_s=0.1))
+    seen: list[tuple[float, float]] = []
+    route = sim._route
+
+    async def spy(rid: str, req: TraceRequest) -> None:
+        seen.extend((sim.now, rep.seen.get("stats_time", -1.0)) for rep in sim.replicas)
+        await route(rid, req)
+
+    sim._route = spy  # type: ignore[method-assign]
+    asyncio.run(sim.run(chats))
+    taken = [t for _, t in seen if t >= 0]
+    assert taken and all(now - t >= 0.1 - 1e-9 for now, t in seen if t >= 0)
+    assert max(now - t for now, t in seen if t >= 0) <= 1.1 * 1.0 + 0.1 + 1e-9  # jittered
+    assert len(set(taken)) > 5  # refreshed, not a single snapshot

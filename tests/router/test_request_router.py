@@ -75,3 +75,22 @@ def test_dead_replica_falls_back_and_is_replaced(stack: dict[str, Any]) -> None:
     while time.monotonic() < deadline and victim in asyncio.run(_live(stack["redis_url"])):
         time.sleep(0.5)
     assert victim not in asyncio.run(_live(stack["redis_url"])), "dead replica not purged"
+
+
+def test_workers_report_remaining_prefill_through_serve(stack: dict[str, Any]) -> None:
+    """The routing stats the ingress reads carry the report's time, the exact remaining
+    prefill and the prefill counters the router learns rates from."""
+    url = stack["url"]
+    for i in range(4):
+        assert _chat(url, f"warm the counters {i} " * 40).status_code == 200
+    deadline = time.monotonic() + 15  # Serve pushes routing stats every second
+    while time.monotonic() < deadline:
+        stats = httpx.get(f"{url}/kvroute/replicas", timeout=5).json()["models"][MODEL]
+        reported = all("stats_time" in s for s in stats)  # a new replica reports within ~1 s
+        if reported and sum(s.get("prefill_tokens_total", 0) for s in stats) > 0:
+            break
+        time.sleep(0.5)
+    assert sum(s.get("prefill_tokens_total", 0) for s in stats) > 0, stats
+    for s in stats:
+        assert abs(s["stats_time"] - time.time()) < 10, s  # wall clock, recent
+        assert s["remaining_prefill_tokens"] == 0, s  # idle: nothing left to prefill

@@ -257,7 +257,29 @@ def test_cancel_while_queued_or_prefilling() -> None:
     outs = drain(core)
     assert first_token_times(outs)["b"] == pytest.approx(0.5 + 2.0)
     assert core.cancel("zzz", 10.0) is None
-    assert core.load() == LoadStats(0, 0, 0.0)
+    load = core.load()
+    assert (load.ongoing_requests, load.queued_prefill_tokens, load.kv_usage) == (0, 0, 0.0)
+    # a's half-second of prefill before its cancel counts as work done, then all of b.
+    assert load.prefill_tokens_total == 50 + 200
+    assert load.prefill_busy_s == pytest.approx(0.5 + 2.0)
+
+
+def test_load_reports_remaining_prefill_and_counters() -> None:
+    core = SimCore(SimParams(prefill_tok_s=1000.0))
+    core.submit(SimRequest("a", [1, 2], 2000, 3), 0.0)
+    core.submit(SimRequest("b", [5, 6], 500, 3), 0.0)
+    load = core.load(0.5)  # a is a quarter done; b waits
+    assert load.queued_prefill_tokens == 1500 + 500 and load.remaining_prefill_exact
+    assert (load.prefill_tokens_total, load.prefill_busy_s) == (500, 0.5)
+    assert load.taken_at == 0.5
+    drain(core, until=2.0)  # a ends at 2.0, b starts
+    assert core.load(2.1).queued_prefill_tokens == 400
+    assert core.load(2.1).prefill_tokens_total == 2100
+    stats = core.load(2.1).routing_stats()
+    assert stats["remaining_prefill_tokens"] == 400 and stats["stats_time"] == 2.1
+    assert stats["prefill_busy_s"] == pytest.approx(2.1)
+    assert LoadStats(1, 10, 0.0).routing_stats().keys() == {
+        "ongoing_requests", "queued_prefill_tokens", "kv_usage", "stats_time"}
 
 
 def test_params_from_kwargs() -> None:
