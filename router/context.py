@@ -38,6 +38,7 @@ class Candidate:
     # replica has been working on it since (the rest is this router's newer requests).
     reported_prefill_tokens: int = 0
     report_age_s: float = 0.0
+    exact_backlog: bool = False  # the queue above is the replica's measured remaining work
 
 
 @dataclass(slots=True)
@@ -84,6 +85,7 @@ def build_candidate(
         prefill_tokens_total=int(reported.get("prefill_tokens_total", 0)),
         prefill_busy_s=float(reported.get("prefill_busy_s", 0.0)),
         reported_prefill_tokens=from_report, report_age_s=age,
+        exact_backlog="stats_time" in reported and "remaining_prefill_tokens" in reported,
     )
 
 

@@ -25,6 +25,7 @@ from cache_service.index import PrefixIndex
 from deploy.config import KvrouteConfig, ModelConfig
 from ops import tracing
 from router import metrics, telemetry
+from router.admission import AdmissionGate, backed_up, own_prefill_s
 from router.auth import ApiKeyConfig, Authenticator
 from router.context import Candidate, RequestContext, build_candidate
 from router.errors import ApiError
@@ -84,6 +85,7 @@ class Generation:
     def _observe(self, msg: dict[str, Any]) -> None:
         if "text" in msg or "finish_reason" in msg:
             self._core.loads.first_token(self._ticket)
+            self._core.on_first_token()
             if self._info.first_token_at is None:
                 self._info.first_token_at = time.monotonic()
         if "finish_reason" in msg:
@@ -115,6 +117,9 @@ class RouterCore:
             session_ttl_s=idx.session_ttl_s,
         ), on_error=lambda op: metrics.INDEX_ERRORS.labels(op).inc())
         self.pipeline = Pipeline(config.router.routing())
+        admission = config.router.routing().admission
+        self.gate = AdmissionGate(admission, metrics.ADMISSION_WAIT.observe) \
+            if admission is not None else None
         self.auth = Authenticator.from_config(config.auth)
         self.limiter = RateLimiter.from_url(
             idx.redis_url if self.auth.enabled else None, idx.namespace, timeout_s=idx.timeout_s,
@@ -193,14 +198,10 @@ class RouterCore:
         started = time.perf_counter()
         bs = self.config.index.block_size
         hashes = {m: block_hashes(req.token_ids, bs, self._salts[m]) for m in weights}
-        with telemetry.TRACER.start_as_current_span("index.lookup") as span:
-            # one round trip for every candidate model; the session's read runs alongside
-            match, sticky = await asyncio.gather(self.index.lookup(hashes),
-                                                 self._sticky(req.session_id))
-            span.set_attribute("kvroute.blocks", len(next(iter(hashes.values()))))
-        metrics.LOOKUP.observe(time.perf_counter() - started)
-        ctx = request_context(self.config, req, weights, hashes, await self._all_candidates(
-            weights, match), sticky)
+        ctx = await self._context(req, weights, hashes)
+        if self.gate is not None and await self._admit(ctx, weights):
+            started = time.perf_counter()
+            ctx = await self._context(req, weights, hashes)  # the view after the wait
         with telemetry.TRACER.start_as_current_span("route"):
             ranked = self.pipeline.rank(ctx)
             if ranked:
@@ -213,6 +214,39 @@ class RouterCore:
         if req.session_id:
             self._spawn(self.index.record_session(req.session_id, gen.model, gen.replica))
         return gen
+
+    async def _context(self, req: RouteRequest, weights: Mapping[str, float],
+                       hashes: dict[str, list[int]]) -> RequestContext:
+        started = time.perf_counter()
+        with telemetry.TRACER.start_as_current_span("index.lookup") as span:
+            # one round trip for every candidate model; the session's read runs alongside
+            match, sticky = await asyncio.gather(self.index.lookup(hashes),
+                                                 self._sticky(req.session_id))
+            span.set_attribute("kvroute.blocks", len(next(iter(hashes.values()))))
+        metrics.LOOKUP.observe(time.perf_counter() - started)
+        return request_context(self.config, req, weights, hashes, await self._all_candidates(
+            weights, match), sticky)
+
+    async def _admit(self, ctx: RequestContext, weights: Mapping[str, float]) -> bool:
+        """Wait at the router while every candidate is backed up; True if it waited."""
+        assert self.gate is not None
+        params = self.gate.params
+
+        def ready() -> bool:
+            return not backed_up([c for m in weights for c in self._candidates(m, {})], params)
+
+        with telemetry.TRACER.start_as_current_span("admission") as span:
+            metrics.ADMISSION_HELD.set(self.gate.held + 1)
+            try:
+                waited = await self.gate.admit(tuple(weights), own_prefill_s(ctx), ready)
+            finally:
+                metrics.ADMISSION_HELD.set(self.gate.held)
+            span.set_attribute("kvroute.admission_wait_s", waited)
+        return waited > 0
+
+    def on_first_token(self) -> None:
+        if self.gate is not None:
+            self.gate.poke()  # a replica's backlog just fell: held requests may go
 
     async def _sticky(self, session_id: str | None) -> tuple[str, str] | None:
         return await self.index.session(session_id) if session_id else None
@@ -345,6 +379,8 @@ class RouterCore:
         task.add_done_callback(self._tasks.discard)
 
     async def close(self) -> None:
+        if self.gate is not None:
+            await self.gate.close()
         for task in list(self._tasks):
             task.cancel()
         with contextlib.suppress(Exception):

@@ -46,3 +46,8 @@ ONGOING = Gauge("kvroute_replica_ongoing_requests", "Requests in flight per repl
                 ["model", "replica"], registry=REGISTRY)
 QUEUED = Gauge("kvroute_replica_queued_prefill_tokens", "Prefill tokens queued per replica",
                ["model", "replica"], registry=REGISTRY)
+ADMISSION_WAIT = Histogram("kvroute_admission_wait_seconds",
+                           "Time requests were held at the router (every replica backed up)",
+                           buckets=_LAT, registry=REGISTRY)
+ADMISSION_HELD = Gauge("kvroute_admission_held_requests",
+                       "Requests held at the router now", registry=REGISTRY)

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ops.tracing import tracer
 from router import metrics
+from router.admission import AdmissionParams
 from router.context import Candidate, RequestContext
 from router.plugins import make_plugin
 
@@ -52,6 +53,10 @@ class PipelineConfig(BaseModel):
     picker: PluginRef = Field(
         default_factory=lambda: PluginRef(name="max-score-picker"),
         description="Turns total scores into a ranking.",
+    )
+    admission: AdmissionParams | None = Field(
+        None, description="Hold requests at the router while every candidate replica is "
+        "backed up, releasing the shortest first (router.admission); None: dispatch at once.",
     )
 
     @model_validator(mode="after")

@@ -9,7 +9,8 @@ last replica gets a bonus (0.3) while its estimated TTFT stays within ~1.4x the
 best; a group's preferred model gets up to 0.5, so a conversation stays on the
 model whose cache is warm unless re-prefilling elsewhere costs little. A small
 ongoing-requests term breaks ties toward less decode contention. With one model
-and no session, only the estimated-TTFT term decides.
+and no session, only the estimated-TTFT term decides. When every replica is backed
+up, requests wait at the router and leave shortest-prefill first (router.admission).
 
 The baselines are other systems' published algorithms, each a picker with no
 scorers (docs/routing.md): ``round-robin``, ``power-of-two`` (Ray Serve's default),
@@ -20,6 +21,7 @@ from their own routing history and never read the index.
 
 from __future__ import annotations
 
+from router.admission import AdmissionParams
 from router.pipeline import PipelineConfig, PluginRef
 
 PROFILES: dict[str, PipelineConfig] = {
@@ -32,6 +34,7 @@ PROFILES: dict[str, PipelineConfig] = {
             PluginRef(name="model-preference-scorer", weight=0.5),
             PluginRef(name="ongoing-requests-scorer", weight=0.1),
         ],
+        admission=AdmissionParams(),
     ),
     "least-loaded": PipelineConfig(scorers=[PluginRef(name="ongoing-requests-scorer")]),
     "prefix-only": PipelineConfig(scorers=[PluginRef(name="prefix-cache-scorer")]),

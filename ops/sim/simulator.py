@@ -16,6 +16,10 @@ does, with the same code:
    their approximate trees there), ``LoadTracker.begin`` and the index's in-flight
    ``record_routed`` write, then ``SimCore.submit`` on the chosen replica.
 
+If the profile has ``admission`` (``kvroute`` does), an arriving request may first wait
+in the router's ``HoldQueue`` (``router.admission``), re-checked every ``tick_s``; it is
+routed as above when released, and its TTFT still counts from its arrival.
+
 Between arrivals every ``SimCore`` advances to the next arrival time; its outputs
 update the load tracker (first token, finish) and the per-request records, and its
 cache events (stored / removed) are applied to the index before the next decision.
@@ -40,7 +44,8 @@ from typing import Any
 from cache_service.index import IndexSettings
 from cache_service.memory_index import MemoryPrefixIndex
 from ops.sim.trace import TraceRequest
-from router.context import RequestContext, build_candidate
+from router.admission import HoldQueue, backed_up, own_prefill_s
+from router.context import Candidate, RequestContext, build_candidate
 from router.load import LoadTracker, Ticket
 from router.pipeline import Pipeline, PipelineConfig, PluginRef
 from router.plugins import PLUGINS
@@ -128,6 +133,7 @@ def pipeline_config(cfg: SimConfig) -> PipelineConfig:
         filters=[fix(r) for r in base.filters],
         scorers=[fix(r) for r in base.scorers],
         picker=fix(base.picker),
+        admission=base.admission,
     )
 
 
@@ -151,12 +157,18 @@ class Simulator:
         self.loads = LoadTracker()
         self.records: dict[str, RequestRecord] = {}
         self._tickets: dict[str, Ticket] = {}
+        self.admission = pipeline_config(cfg).admission
+        self._held: HoldQueue[tuple[str, TraceRequest, float]] = HoldQueue(
+            self.admission.aging if self.admission else 0.0)
 
     async def run(self, trace: Sequence[TraceRequest]) -> SimResult:
         t0 = trace[0].arrival_s if trace else 0.0
         for i, req in enumerate(trace):
-            await self._advance((req.arrival_s - t0) / self.cfg.speedup)
-            await self._route(f"req-{i}", req)
+            arrival = (req.arrival_s - t0) / self.cfg.speedup
+            await self._wait_held(arrival)
+            await self._advance(arrival)
+            await self._arrive(f"req-{i}", req)
+        await self._wait_held(math.inf)
         for rep in self.replicas:  # run every replica dry
             self._absorb(rep.core.advance(math.inf))
         return SimResult(
@@ -175,22 +187,52 @@ class Simulator:
             if events := rep.core.drain_events():
                 await self.index.apply_events(events)
 
-    async def _route(self, rid: str, req: TraceRequest) -> None:
-        cfg, model = self.cfg, self.cfg.model
-        hashes = list(req.hash_ids)
-        matches = (await self.index.lookup({model: hashes})).get(model, {})
-        cands = [
+    async def _arrive(self, rid: str, req: TraceRequest) -> None:
+        """Route at once, or hold at the router (the profile's admission, as production)."""
+        if self.admission is None:
+            return await self._route(rid, req, self.now)
+        ctx = await self._context(rid, req)
+        self._held.push(own_prefill_s(ctx), self.now, (rid, req, self.now))
+        await self._release()
+
+    async def _wait_held(self, until: float) -> None:
+        """Advance tick by tick while requests are held (production also re-checks at
+        every first token, so held requests wait up to one tick longer here)."""
+        tick = self.admission.tick_s if self.admission else math.inf
+        while len(self._held) and self.now + tick < until:
+            await self._advance(self.now + tick)
+            await self._release()
+
+    async def _release(self) -> None:
+        assert self.admission is not None
+        while len(self._held):
+            rid, req, arrival = self._held.peek()
+            expired = self.now - arrival >= self.admission.max_hold_s
+            if not expired and backed_up(self._candidates({}), self.admission):
+                return
+            self._held.pop()
+            await self._route(rid, req, arrival)
+
+    def _candidates(self, matches: dict[str, int]) -> list[Candidate]:
+        return [
             build_candidate(
-                model, rep.name, matched_blocks=matches.get(rep.name, 0),
-                block_size=cfg.block_size, local=self.loads.get(model, rep.name),
-                reported=self._reported(rep), prefill_tok_s=cfg.prior_prefill_tok_s,
+                self.cfg.model, rep.name, matched_blocks=matches.get(rep.name, 0),
+                block_size=self.cfg.block_size, local=self.loads.get(self.cfg.model, rep.name),
+                reported=self._reported(rep), prefill_tok_s=self.cfg.prior_prefill_tok_s,
                 now=self.now,
             )
             for rep in self.replicas
         ]
-        prompt = req.input_length
-        ctx = RequestContext(rid, {model: prompt}, {model: hashes}, cfg.block_size, cands,
-                             now=self.now)
+
+    async def _context(self, rid: str, req: TraceRequest) -> RequestContext:
+        model, hashes = self.cfg.model, list(req.hash_ids)
+        matches = (await self.index.lookup({model: hashes})).get(model, {})
+        return RequestContext(rid, {model: req.input_length}, {model: hashes},
+                              self.cfg.block_size, self._candidates(matches), now=self.now)
+
+    async def _route(self, rid: str, req: TraceRequest, arrival: float) -> None:
+        model, hashes, prompt = self.cfg.model, list(req.hash_ids), req.input_length
+        ctx = await self._context(rid, req)
         target = self.pipeline.rank(ctx)[0]
         self.pipeline.on_routed(ctx, target)
         self._tickets[rid] = self.loads.begin(model, target.replica, ctx.uncached(target),
@@ -198,7 +240,7 @@ class Simulator:
         await self.index.record_routed(model, target.replica, hashes)
         # Predicted as the engine counts: at least one prompt token is always computed.
         predicted = min(target.matched_tokens, prompt - 1)
-        self.records[rid] = RequestRecord(rid, target.replica, self.now, prompt, predicted)
+        self.records[rid] = RequestRecord(rid, target.replica, arrival, prompt, predicted)
         spec = SimRequest(rid, hashes, prompt, max(1, req.output_length))
         self._by_name[target.replica].core.submit(spec, self.now)
 

@@ -155,9 +155,9 @@ def test_routing_stats_arrive_as_serve_delivers_them(chats: list[TraceRequest]) 
     seen: list[tuple[float, float]] = []
     route = sim._route
 
-    async def spy(rid: str, req: TraceRequest) -> None:
+    async def spy(rid: str, req: TraceRequest, arrival: float) -> None:
         seen.extend((sim.now, rep.seen.get("stats_time", -1.0)) for rep in sim.replicas)
-        await route(rid, req)
+        await route(rid, req, arrival)
 
     sim._route = spy  # type: ignore[method-assign]
     asyncio.run(sim.run(chats))
@@ -165,3 +165,20 @@ def test_routing_stats_arrive_as_serve_delivers_them(chats: list[TraceRequest]) 
     assert taken and all(now - t >= 0.1 - 1e-9 for now, t in seen if t >= 0)
     assert max(now - t for now, t in seen if t >= 0) <= 1.1 * 1.0 + 0.1 + 1e-9  # jittered
     assert len(set(taken)) > 5  # refreshed, not a single snapshot
+
+
+def test_admission_lets_a_short_prompt_pass_a_long_one() -> None:
+    """One replica busy with a 5 s prefill; a long and then a short prompt arrive. kvroute
+    holds both at the router and releases the short one first; a policy without admission
+    queues them on the replica in arrival order."""
+    rows = [TraceRequest(0.0, 60_000, 2, tuple(range(1, 119))),
+            TraceRequest(0.1, 60_000, 2, tuple(range(200, 318))),
+            TraceRequest(0.2, 1_000, 2, (500, 501))]
+    cfg = {"replicas": 1, "prefill_tok_s": 12000.0, "kv_blocks": 1000, "stats_period_s": 0.0}
+    by_policy = {}
+    for policy in ("kvroute", "least-loaded"):
+        res = simulate(rows, SimConfig(policy=policy, **cfg))  # type: ignore[arg-type]
+        by_policy[policy] = {r.request_id: r.first_token_s - r.arrival_s for r in res.records}
+    held, fifo = by_policy["kvroute"], by_policy["least-loaded"]
+    assert fifo["req-2"] > 9.8  # FIFO on the replica: behind both long prompts
+    assert held["req-2"] < 5.0 < 9.8 < held["req-1"]  # released first, when the first ends

@@ -40,6 +40,10 @@ def test_unknown_or_misplaced_plugins_are_rejected() -> None:
         make_plugin("prefix-cache-scorer", "picker")
     with pytest.raises(ValueError):
         PipelineConfig(scorers=[PluginRef(name="prefix-cache-scorer", weight=-1)])
+    with pytest.raises(ValueError, match="hold"):
+        PipelineConfig.model_validate({"admission": {"hold": 0.1}})  # a typo is an error
+    with pytest.raises(ValueError):
+        PipelineConfig.model_validate({"admission": {"hold_s": -1}})
 
 
 def test_weights_are_applied() -> None:
