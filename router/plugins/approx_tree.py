@@ -3,7 +3,8 @@
 This is the state the SGLang router (``cache_aware``) and Ray Serve's
 ``PrefixCacheAffinityRouter`` keep: they never hear from the engines' caches, so
 they *assume* a replica holds every prompt they sent it, until the tree is trimmed.
-The baseline pickers use it; kvroute's own scorers read the real index instead.
+The baseline pickers use it, and share the helpers and ``TreePicker`` shell at the end of
+this module; kvroute's own scorers read the real index instead.
 
 Representation. Block hashes are chained (the hash at position i names the whole
 prefix up to block i), so a radix tree over them collapses to a set of hashes per
@@ -24,6 +25,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
+
+from router.context import Candidate, RequestContext
+from router.plugins.power_of_two_picker import rank_first
 
 Tenant = Hashable
 
@@ -95,3 +99,50 @@ class ApproxPrefixTree:
         for blocks in self._tenants.values():
             while len(blocks) > self.max_blocks:
                 blocks.popitem(last=False)
+
+
+# ---- shared by the tree-based baseline pickers (sglang-cache-aware, ray-prefix-affinity) ----
+
+def match_share(ctx: RequestContext, c: Candidate, blocks: int) -> float:
+    """Share of the prompt's tokens covered by ``blocks`` leading blocks."""
+    total = ctx.prompt_tokens.get(c.model, 0)
+    return min(1.0, blocks * ctx.block_size / total) if total else 0.0
+
+
+def tree_match(
+    tree: ApproxPrefixTree, ctx: RequestContext,
+) -> tuple[int, list[Candidate]]:
+    """Best tree match (blocks) over the candidates and the candidates achieving it."""
+    pairs = [((c.model, c.replica), ctx.hashes.get(c.model, [])) for c in ctx.candidates]
+    blocks, tenants = tree.best_match(pairs)
+    keys = set(tenants)
+    return blocks, [c for c in ctx.candidates if (c.model, c.replica) in keys]
+
+
+def smallest_tree(tree: ApproxPrefixTree, cands: list[Candidate]) -> list[Candidate]:
+    keys = set(tree.smallest((c.model, c.replica) for c in cands))
+    return [c for c in cands if (c.model, c.replica) in keys]
+
+
+def least_loaded(cands: list[Candidate]) -> Candidate:
+    return min(cands, key=lambda c: c.ongoing)  # min keeps the first of equals
+
+
+class TreePicker:
+    """The shell both tree-based baselines share: trim the tree, choose one replica, rank it
+    first, learn the choice. Subclasses set ``tree`` and implement ``_choose``."""
+
+    tree: ApproxPrefixTree
+
+    def pick(self, ctx: RequestContext, totals: list[float]) -> list[Candidate]:
+        cands = ctx.candidates
+        if not cands:
+            return []
+        self.tree.maybe_trim(ctx.now)
+        return rank_first(cands, self._choose(ctx, cands))
+
+    def _choose(self, ctx: RequestContext, cands: list[Candidate]) -> Candidate:
+        raise NotImplementedError
+
+    def on_routed(self, ctx: RequestContext, chosen: Candidate) -> None:
+        self.tree.insert((chosen.model, chosen.replica), ctx.hashes.get(chosen.model, []))

@@ -24,15 +24,16 @@ import random
 from pydantic import BaseModel, ConfigDict, Field
 
 from router.context import Candidate, RequestContext
-from router.plugins.approx_tree import ApproxPrefixTree
-from router.plugins.base import register
-from router.plugins.power_of_two_picker import pow2_choice, rank_first
-from router.plugins.sglang_cache_aware_picker import (
+from router.plugins.approx_tree import (
+    ApproxPrefixTree,
+    TreePicker,
     least_loaded,
     match_share,
     smallest_tree,
     tree_match,
 )
+from router.plugins.base import register
+from router.plugins.power_of_two_picker import pow2_choice
 
 
 class RayParams(BaseModel):
@@ -46,20 +47,13 @@ class RayParams(BaseModel):
 
 
 @register("ray-prefix-affinity-picker", "picker")
-class RayPrefixAffinityPicker:
+class RayPrefixAffinityPicker(TreePicker):
     Params = RayParams
 
     def __init__(self, params: RayParams) -> None:
         self.params = params
         self.tree = ApproxPrefixTree(params.max_blocks, params.trim_interval_s)
         self._rng = random.Random(params.seed)
-
-    def pick(self, ctx: RequestContext, totals: list[float]) -> list[Candidate]:
-        cands = ctx.candidates
-        if not cands:
-            return []
-        self.tree.maybe_trim(ctx.now)
-        return rank_first(cands, self._choose(ctx, cands))
 
     def _choose(self, ctx: RequestContext, cands: list[Candidate]) -> Candidate:
         p = self.params
@@ -70,6 +64,3 @@ class RayPrefixAffinityPicker:
         if holders and match_share(ctx, holders[0], blocks) >= p.match_rate_threshold:
             return least_loaded(holders)
         return least_loaded(smallest_tree(self.tree, cands))
-
-    def on_routed(self, ctx: RequestContext, chosen: Candidate) -> None:
-        self.tree.insert((chosen.model, chosen.replica), ctx.hashes.get(chosen.model, []))

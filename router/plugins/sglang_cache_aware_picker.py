@@ -27,9 +27,15 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from router.context import Candidate, RequestContext
-from router.plugins.approx_tree import ApproxPrefixTree
+from router.plugins.approx_tree import (
+    ApproxPrefixTree,
+    TreePicker,
+    least_loaded,
+    match_share,
+    smallest_tree,
+    tree_match,
+)
 from router.plugins.base import register
-from router.plugins.power_of_two_picker import rank_first
 
 
 class SglangParams(BaseModel):
@@ -42,45 +48,13 @@ class SglangParams(BaseModel):
     max_blocks: int | None = Field(32768, ge=1, description="Blocks kept per replica tree.")
 
 
-def match_share(ctx: RequestContext, c: Candidate, blocks: int) -> float:
-    """Share of the prompt's tokens covered by ``blocks`` leading blocks."""
-    total = ctx.prompt_tokens.get(c.model, 0)
-    return min(1.0, blocks * ctx.block_size / total) if total else 0.0
-
-
-def tree_match(
-    tree: ApproxPrefixTree, ctx: RequestContext,
-) -> tuple[int, list[Candidate]]:
-    """Best tree match (blocks) over the candidates and the candidates achieving it."""
-    pairs = [((c.model, c.replica), ctx.hashes.get(c.model, [])) for c in ctx.candidates]
-    blocks, tenants = tree.best_match(pairs)
-    keys = set(tenants)
-    return blocks, [c for c in ctx.candidates if (c.model, c.replica) in keys]
-
-
-def smallest_tree(tree: ApproxPrefixTree, cands: list[Candidate]) -> list[Candidate]:
-    keys = set(tree.smallest((c.model, c.replica) for c in cands))
-    return [c for c in cands if (c.model, c.replica) in keys]
-
-
-def least_loaded(cands: list[Candidate]) -> Candidate:
-    return min(cands, key=lambda c: c.ongoing)  # min keeps the first of equals
-
-
 @register("sglang-cache-aware-picker", "picker")
-class SglangCacheAwarePicker:
+class SglangCacheAwarePicker(TreePicker):
     Params = SglangParams
 
     def __init__(self, params: SglangParams) -> None:
         self.params = params
         self.tree = ApproxPrefixTree(params.max_blocks, params.trim_interval_s)
-
-    def pick(self, ctx: RequestContext, totals: list[float]) -> list[Candidate]:
-        cands = ctx.candidates
-        if not cands:
-            return []
-        self.tree.maybe_trim(ctx.now)
-        return rank_first(cands, self._choose(ctx, cands))
 
     def _choose(self, ctx: RequestContext, cands: list[Candidate]) -> Candidate:
         p = self.params
@@ -92,6 +66,3 @@ class SglangCacheAwarePicker:
         if holders and match_share(ctx, holders[0], blocks) > p.cache_threshold:
             return least_loaded(holders)
         return smallest_tree(self.tree, cands)[0]
-
-    def on_routed(self, ctx: RequestContext, chosen: Candidate) -> None:
-        self.tree.insert((chosen.model, chosen.replica), ctx.hashes.get(chosen.model, []))
