@@ -174,16 +174,18 @@ class AdmissionGate:
             self._release(asyncio.get_running_loop().time())
 
     def _release(self, now: float) -> None:
+        """At most one request per queue per call: a released request's load only shows
+        once it is dispatched, so releasing more on the same view would release them all."""
         for queue in self._queues.values():
-            while queue:
-                head = queue.peek()
-                if head.future.done():  # cancelled while held, or expired
-                    queue.pop()
-                elif now >= head.deadline or head.ready():
-                    queue.pop().future.set_result(None)
-                else:
-                    self._expire(queue, now)
-                    break
+            while queue and queue.peek().future.done():  # cancelled while held, or expired
+                queue.pop()
+            if not queue:
+                continue
+            head = queue.peek()
+            if now >= head.deadline or head.ready():
+                queue.pop().future.set_result(None)
+            else:
+                self._expire(queue, now)
 
     @staticmethod
     def _expire(queue: HoldQueue[_Waiter], now: float) -> None:

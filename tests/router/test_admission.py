@@ -95,3 +95,19 @@ async def test_cancelled_waiter_is_skipped_and_close_releases_the_rest() -> None
     await asyncio.sleep(0.02)
     await gate.close()
     assert await asyncio.wait_for(kept, 1.0) > 0 and gone.cancelled()
+
+
+async def test_one_release_per_check_so_the_released_load_shows_first() -> None:
+    gate = AdmissionGate(AdmissionParams(tick_s=1.0))  # pokes re-check first here
+    free = {"m": False}
+    waiters = [asyncio.create_task(gate.admit(("m",), 0.1, lambda: free["m"]))
+               for _ in range(3)]
+    await asyncio.sleep(0.01)
+    free["m"] = True  # the view says free, but releasing all three would pile them up
+    gate.poke()
+    await asyncio.sleep(0.01)
+    assert sum(w.done() for w in waiters) == 1 and gate.held == 2
+    gate.poke()
+    gate.poke()
+    await asyncio.gather(*waiters)
+    await gate.close()
