@@ -58,3 +58,18 @@ def deployed(cfg: KvrouteConfig, timeout_s: float = 120.0) -> Iterator[str]:
         yield url
     finally:
         serve.delete(runtime.APP_NAME)
+
+
+def counter(url: str, name: str) -> float:
+    """A counter's total over all its label sets, from the stack's merged ``/metrics``."""
+    import httpx
+
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith((f"{name}{{", f"{name} ")))
+
+
+def report_fault(fault: str, sent: int, failed: int, retried: float, worst_s: float) -> None:
+    """One line per fault test (``pytest -s``): the figures issue 10 asks for."""
+    print(f"\nFAULT {fault}: sent {sent}, failed {failed}, retried {retried:.0f}, "
+          f"worst {worst_s:.3f} s")

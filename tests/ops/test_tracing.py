@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from tests.conftest import free_port
-from tests.stacks import deployed, sim_model, stack_config
+from tests.stacks import counter, deployed, report_fault, sim_model, stack_config
 
 pytestmark = pytest.mark.slow
 MODEL = "sim-traced"
@@ -127,10 +127,13 @@ def _timed_requests(url: str, n: int) -> list[float]:
 def test_collector_down_fails_no_request(traced: dict[str, Any]) -> None:
     up = _timed_requests(traced["url"], 20)
     traced["collector"].stop()
+    retries = counter(traced["url"], "kvroute_retries_total")
     try:
-        down = _timed_requests(traced["url"], 20)
+        down = _timed_requests(traced["url"], 20)  # each asserts a 200
     finally:
         traced["collector"].start()
+    report_fault("collector down", len(down), 0,
+                 counter(traced["url"], "kvroute_retries_total") - retries, max(down))
     print(f"p50 latency with collector {up[10] * 1e3:.1f} ms, without {down[10] * 1e3:.1f} ms")
 
 

@@ -24,7 +24,7 @@ import redis
 from pytest_redis import factories
 
 from deploy.config import IndexConfig
-from tests.stacks import deployed, redis_url, sim_model, stack_config
+from tests.stacks import counter, deployed, redis_url, report_fault, sim_model, stack_config
 
 pytestmark = pytest.mark.slow
 MODEL = "sim-chaos"
@@ -77,8 +77,9 @@ def test_agent_load_survives_redis_and_worker_faults(stack: dict[str, Any],
             bench.kill()
     assert out.exists(), output[-3000:]  # the bench exits 1 when any request failed
     result = json.loads(out.read_text())
-    print(f"chaos: {result['requests']} requests, {result['errors']} failed, "
-          f"ttft p99 {result['ttft_s']['p99']:.2f} s")
+    report_fault("chaos: Redis down 20-35 s, worker SIGKILL at 50 s (worst = e2e p99)",
+                 result["requests"], result["errors"],
+                 counter(stack["url"], "kvroute_retries_total"), result["e2e_s"]["p99"])
     assert result["requests"] > 50
     assert result["errors"] <= 16
     assert _index_keys(stack["redis_url"]) > 0, "the index did not refill after Redis returned"

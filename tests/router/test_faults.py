@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -14,7 +14,7 @@ import pytest
 
 from deploy.builder import ROUTER_DEPLOYMENT
 from deploy.config import RouterConfig
-from tests.stacks import deployed, sim_model, stack_config
+from tests.stacks import counter, deployed, report_fault, sim_model, stack_config
 
 pytestmark = pytest.mark.slow
 MODEL = "sim-faults"
@@ -57,15 +57,30 @@ def test_killed_worker_ends_stream_with_error_event(stack: str) -> None:
     error = json.loads(events[-2])
     assert "error" in error, events[-3:]
     assert elapsed < 20, f"the cut stream took {elapsed:.1f} s to end"
-    survivors = [_ok(stack, f"after the kill {i}") for i in range(10)]
+    retries = counter(stack, "kvroute_retries_total")
+    survivors, worst = _timed(lambda i: _ok(stack, f"after the kill {i}"), 10)
     assert all(s.status_code == 200 for s in survivors)
+    report_fault("worker killed mid-stream (the cut stream, then 10 more)", 11, 1,
+                 counter(stack, "kvroute_retries_total") - retries, max(worst, elapsed))
+
+
+def _timed(call: Callable[[int], httpx.Response], n: int) -> tuple[list[httpx.Response], float]:
+    out, worst = [], 0.0
+    for i in range(n):
+        t0 = time.monotonic()
+        out.append(call(i))
+        worst = max(worst, time.monotonic() - t0)
+    return out, worst
 
 
 def test_killed_router_replica_leaves_the_other_serving(stack: str) -> None:
     routers = {_ok(stack, f"probe {i}").headers["x-kvroute-router"] for i in range(20)}
     victim = sorted(routers)[0]
     _kill(ROUTER_DEPLOYMENT, victim)
-    results = [_ok(stack, f"after router kill {i}") for i in range(20)]
+    retries = counter(stack, "kvroute_retries_total")
+    results, worst = _timed(lambda i: _ok(stack, f"after router kill {i}"), 20)
     failed = [r for r in results if r.status_code != 200]
     assert len(failed) <= 1, [r.text for r in failed]  # at most one request in flight there
+    report_fault("router replica killed", 20, len(failed),
+                 counter(stack, "kvroute_retries_total") - retries, worst)
     assert all(r.headers["x-kvroute-router"] != victim for r in results if r.status_code == 200)
