@@ -68,26 +68,36 @@ class _RateState:
 
 
 class PrefillRates:
-    """Per-replica prefill rate learned from worker-reported cumulative counters."""
+    """Per-replica prefill rate learned from worker-reported cumulative counters.
+
+    A replica not measured yet (new, or never prefilled) gets the mean learned rate of
+    its model's other replicas, and the configured prior only when none is measured:
+    with the prior alone, a fleet faster than the prior would make every fresh replica
+    look slow, so it would never get the traffic it needs to be measured."""
 
     def __init__(self, alpha: float, min_sample_s: float) -> None:
         self.alpha, self.min_sample_s = alpha, min_sample_s
         self._state: dict[tuple[str, str], _RateState] = {}
+        self._fleet: dict[str, dict[str, float]] = {}  # model -> replica -> learned rate
 
     def observe(self, c: Candidate) -> None:
         st = self._state.get((c.model, c.replica))
         if st is None or c.prefill_tokens_total < st.tokens or c.prefill_busy_s < st.busy_s:
             st = self._state[(c.model, c.replica)] = _RateState()  # new, or restarted
+            self._fleet.get(c.model, {}).pop(c.replica, None)
         d_busy = c.prefill_busy_s - st.busy_s
         if d_busy > 0 and d_busy >= self.min_sample_s:
             sample = (c.prefill_tokens_total - st.tokens) / d_busy
             st.rate = sample if st.rate is None else st.rate + self.alpha * (sample - st.rate)
             st.tokens, st.busy_s = c.prefill_tokens_total, c.prefill_busy_s
+            self._fleet.setdefault(c.model, {})[c.replica] = st.rate
 
     def rate(self, c: Candidate) -> float:
         st = self._state.get((c.model, c.replica))
-        learned = st.rate if st is not None else None
-        return max(learned if learned else c.prefill_tok_s, 1.0)
+        if st is not None and st.rate:
+            return max(st.rate, 1.0)
+        fleet = self._fleet.get(c.model)
+        return max(sum(fleet.values()) / len(fleet) if fleet else c.prefill_tok_s, 1.0)
 
 
 def queued_now(c: Candidate, rate: float) -> float:

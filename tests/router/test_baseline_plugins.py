@@ -214,6 +214,9 @@ def test_prefill_rate_is_learned_from_reported_counters() -> None:
         c.prefill_busy_s, c.prefill_tokens_total = float(k), 12000 * k
         s.on_routed(_ctx([1], c, now=float(k)), c)
     assert s.rates.rate(c) == pytest.approx(12000.0)
+    fresh = Candidate("m", "r1", prefill_tok_s=4000.0)  # a new replica of the same model
+    assert s.rates.rate(fresh) == pytest.approx(12000.0)  # its fleet's rate, not the prior
+    assert s.rates.rate(Candidate("other", "r9", prefill_tok_s=4000.0)) == 4000.0
     c.prefill_busy_s, c.prefill_tokens_total = 1.0, 6000  # restarted worker, slower
     s.on_routed(_ctx([1], c), c)
     assert s.rates.rate(c) == pytest.approx(6000.0)
