@@ -7,6 +7,10 @@
   the fallback, and opens a circuit: the primary is skipped for ``backoff_s``; after that a
   single probe call (others keep using the fallback meanwhile) decides whether it is back.
   So a dead Redis costs at most one timeout per ``backoff_s``, never one per request.
+* Engine events the primary missed are owed too, kept in order (up to ``MAX_OWED_EVENTS``,
+  oldest dropped beyond) and replayed before newer ones by the next ``apply_events`` or
+  ``heartbeat``, in batches of ``EVENT_BATCH``: a worker whose Redis blinked would
+  otherwise leave its blocks missing from the shared view until they were stored again.
 * A removal (tombstone) the primary missed is owed, and retried by every later maintenance
   call (``remove_replica``, ``purge_dead``, ``stats``) until it lands: otherwise a replica the
   router saw die while Redis was unreachable would stay live in the shared view.
@@ -35,6 +39,8 @@ __all__ = ["ResilientIndex"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+MAX_OWED_EVENTS = 100_000
+EVENT_BATCH = 512
 
 
 class ResilientIndex:
@@ -56,6 +62,8 @@ class ResilientIndex:
         self._down_until = 0.0
         self.errors: Counter[str] = Counter()
         self._owed_removals: set[tuple[str, str]] = set()
+        self._owed_events: list[CacheEvent] = []
+        self._settling_events = False
 
     @property
     def primary_healthy(self) -> bool:
@@ -127,7 +135,27 @@ class ResilientIndex:
 
     async def apply_events(self, events: Sequence[CacheEvent]) -> None:
         await self._local("apply_events", lambda: self.fallback.apply_events(events), None)
-        await self._primary("apply_events", lambda: self.primary.apply_events(events))
+        self._owed_events.extend(events)
+        if (excess := len(self._owed_events) - MAX_OWED_EVENTS) > 0:
+            del self._owed_events[:excess]  # the oldest; their entries age out by TTL
+            self.errors["apply_events_dropped"] += excess
+        await self._settle_events()
+
+    async def _settle_events(self) -> None:
+        """Replay owed events in order; one settler at a time (others just queued theirs)."""
+        if self._settling_events:
+            return
+        self._settling_events = True
+        try:
+            while self._owed_events:
+                batch = self._owed_events[:EVENT_BATCH]
+                send = partial(self.primary.apply_events, batch)
+                ok, _ = await self._primary("apply_events", send)
+                if not ok:
+                    return
+                del self._owed_events[:len(batch)]
+        finally:
+            self._settling_events = False
 
     async def session(self, session_id: str) -> tuple[str, str] | None:
         ok, result = await self._primary("session", lambda: self.primary.session(session_id))
@@ -144,6 +172,7 @@ class ResilientIndex:
     async def heartbeat(self, model: str, replica: str) -> None:
         await self._local("heartbeat", lambda: self.fallback.heartbeat(model, replica), None)
         await self._primary("heartbeat", lambda: self.primary.heartbeat(model, replica))
+        await self._settle_events()  # a worker's periodic call: owed events go out even when idle
 
     async def live_replicas(self, model: str) -> set[str]:
         ok, result = await self._primary(

@@ -12,6 +12,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from cache_service import (
+    BlockRemoved,
     BlockStored,
     IndexSettings,
     MemoryPrefixIndex,
@@ -201,3 +202,23 @@ async def test_sessions_fall_back_to_the_local_view(
     assert await index.session("s") == ("m", "r2")  # this router's own view, no exception
     assert "record_session" in errors
     await index.close()
+
+
+async def test_events_missed_while_down_are_replayed_in_order(
+    own_redis: Any, settings_for: SettingsFor, wait_for: WaitFor
+) -> None:
+    index, errors = resilient(own_redis.url, settings_for())
+    await own_redis.kill()
+    await index.apply_events([BlockStored("m", "r1", tuple(H))])  # the worker's Redis blinked
+    await index.apply_events([BlockRemoved("m", "r1", tuple(H[4:]))])
+    assert "apply_events" in errors
+    await own_redis.start()
+    await asyncio.sleep(0.35)  # the circuit's backoff
+    await wait_for(lambda: _replayed(index), within_s=5.0)  # the periodic heartbeat sends them
+    assert await index.primary.lookup({"m": H}) == {"m": {"r1": 4}}  # stored, then removed
+    await index.close()
+
+
+async def _replayed(index: ResilientIndex) -> bool:
+    await index.heartbeat("m", "r1")
+    return not index._owed_events  # noqa: SLF001
