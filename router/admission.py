@@ -46,6 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from router.context import Candidate, RequestContext
 from router.errors import ApiError
+from router.plugins.queued_prefill_scorer import queued_now
 
 T = TypeVar("T")
 
@@ -78,8 +79,7 @@ def backlog_s(c: Candidate) -> float:
     if not c.exact_backlog:
         return 0.0
     r = rate(c)
-    drained = min(c.reported_prefill_tokens, r * c.report_age_s)
-    return max(0.0, c.queued_prefill_tokens - drained) / r
+    return queued_now(c, r) / r
 
 
 def backed_up(cands: Sequence[Candidate], params: AdmissionParams) -> bool:
@@ -146,6 +146,9 @@ class AdmissionGate:
     @property
     def held(self) -> int:
         return sum(len(q) for q in self._queues.values())
+
+    def holding(self, models: tuple[str, ...]) -> bool:
+        return bool(self._queues.get(models))
 
     async def admit(self, models: tuple[str, ...], own_s: float,
                     ready: Callable[[], bool]) -> float:

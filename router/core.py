@@ -116,8 +116,9 @@ class RouterCore:
             stored_ttl_s=idx.stored_ttl_s, liveness_ttl_s=idx.liveness_ttl_s,
             session_ttl_s=idx.session_ttl_s,
         ), on_error=lambda op: metrics.INDEX_ERRORS.labels(op).inc())
-        self.pipeline = Pipeline(config.router.routing())
-        admission = config.router.routing().admission
+        routing = config.router.routing()
+        self.pipeline = Pipeline(routing)
+        admission = routing.admission
         self.gate = AdmissionGate(admission, metrics.ADMISSION_WAIT.observe) \
             if admission is not None else None
         self.auth = Authenticator.from_config(config.auth)
@@ -230,7 +231,9 @@ class RouterCore:
     async def _admit(self, ctx: RequestContext, weights: Mapping[str, float]) -> bool:
         """Wait at the router while every candidate is backed up; True if it waited."""
         assert self.gate is not None
-        params = self.gate.params
+        params, models = self.gate.params, tuple(weights)
+        if not self.gate.holding(models) and not backed_up(ctx.candidates, params):
+            return False  # the common case, decided on the candidates already built
 
         def ready() -> bool:
             return not backed_up([c for m in weights for c in self._candidates(m, {})], params)
@@ -238,7 +241,7 @@ class RouterCore:
         with telemetry.TRACER.start_as_current_span("admission") as span:
             metrics.ADMISSION_HELD.set(self.gate.held + 1)
             try:
-                waited = await self.gate.admit(tuple(weights), own_prefill_s(ctx), ready)
+                waited = await self.gate.admit(models, own_prefill_s(ctx), ready)
             finally:
                 metrics.ADMISSION_HELD.set(self.gate.held)
             span.set_attribute("kvroute.admission_wait_s", waited)

@@ -153,11 +153,12 @@ class Simulator:
             rep.next_report = rep.rng.uniform(0.0, cfg.stats_period_s)
         self._by_name = {r.name: r for r in self.replicas}
         self.index = MemoryPrefixIndex(IndexSettings(), clock=lambda: self.now)
-        self.pipeline = Pipeline(pipeline_config(cfg))
+        routing = pipeline_config(cfg)
+        self.pipeline = Pipeline(routing)
         self.loads = LoadTracker()
         self.records: dict[str, RequestRecord] = {}
         self._tickets: dict[str, Ticket] = {}
-        self.admission = pipeline_config(cfg).admission
+        self.admission = routing.admission
         self._held: HoldQueue[tuple[str, TraceRequest, float]] = HoldQueue(
             self.admission.aging if self.admission else 0.0)
 
@@ -189,9 +190,10 @@ class Simulator:
 
     async def _arrive(self, rid: str, req: TraceRequest) -> None:
         """Route at once, or hold at the router (the profile's admission, as production)."""
-        if self.admission is None:
-            return await self._route(rid, req, self.now)
         ctx = await self._context(rid, req)
+        if self.admission is None or not (
+                len(self._held) or backed_up(ctx.candidates, self.admission)):
+            return await self._route(rid, req, self.now, ctx)  # the common case: at once
         self._held.push(own_prefill_s(ctx), self.now, (rid, req, self.now))
         await self._release()
 
@@ -230,9 +232,10 @@ class Simulator:
         return RequestContext(rid, {model: req.input_length}, {model: hashes},
                               self.cfg.block_size, self._candidates(matches), now=self.now)
 
-    async def _route(self, rid: str, req: TraceRequest, arrival: float) -> None:
+    async def _route(self, rid: str, req: TraceRequest, arrival: float,
+                     ctx: RequestContext | None = None) -> None:
         model, hashes, prompt = self.cfg.model, list(req.hash_ids), req.input_length
-        ctx = await self._context(rid, req)
+        ctx = ctx or await self._context(rid, req)
         target = self.pipeline.rank(ctx)[0]
         self.pipeline.on_routed(ctx, target)
         self._tickets[rid] = self.loads.begin(model, target.replica, ctx.uncached(target),

@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -155,9 +156,9 @@ def test_routing_stats_arrive_as_serve_delivers_them(chats: list[TraceRequest]) 
     seen: list[tuple[float, float]] = []
     route = sim._route
 
-    async def spy(rid: str, req: TraceRequest, arrival: float) -> None:
+    async def spy(rid: str, req: TraceRequest, *rest: Any) -> None:
         seen.extend((sim.now, rep.seen.get("stats_time", -1.0)) for rep in sim.replicas)
-        await route(rid, req, arrival)
+        await route(rid, req, *rest)
 
     sim._route = spy  # type: ignore[method-assign]
     asyncio.run(sim.run(chats))
