@@ -195,7 +195,10 @@ class TestEngine:
         assert isinstance(engine, Engine)
         tokens = prompt(300, 20)
         chunks, fin = await run(engine, tokens, "stream", max_tokens=7, ignore_eos=True)
-        assert len(chunks) == 7 and all(len(c.token_ids) == 1 for c in chunks)
+        # vLLM merges DELTA outputs a slow consumer has not read yet, so a chunk may carry
+        # several tokens; the contract is every token exactly once, none empty.
+        assert all(c.token_ids for c in chunks)
+        assert sum(len(c.token_ids) for c in chunks) == 7
         assert fin.finish_reason == "length"
         assert (fin.usage.prompt_tokens, fin.usage.completion_tokens) == (300, 7)
         assert fin.usage.cached_tokens == 0
