@@ -87,9 +87,12 @@ class Ingress:
             await asyncio.sleep(1.0)
             try:
                 await self._core.maintain()
-                await push_metrics(self._hub, self._replica)
             except Exception:  # never let housekeeping die
                 log.exception("router maintenance failed")
+            try:  # bounded, and apart: a slow hub must not hold up replica purges
+                await push_metrics(self._hub, self._replica)
+            except Exception as e:
+                log.warning("metrics push to the hub failed: %r", e)
 
     @app.get("/health")
     async def health(self) -> Response:

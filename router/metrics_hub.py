@@ -9,6 +9,7 @@ If the hub is unreachable, a replica answers with its own metrics only.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -19,6 +20,7 @@ from ray.serve.handle import DeploymentHandle
 from router.metrics import REGISTRY
 
 log = logging.getLogger(__name__)
+PUSH_TIMEOUT_S = 2.0  # one push per second: a late one is simply dropped
 _STALE_S = 30.0  # a replica silent this long is gone; drop its samples
 Key = tuple[str, tuple[tuple[str, str], ...]]
 
@@ -72,9 +74,11 @@ def local_text() -> str:
     return generate_latest(REGISTRY).decode()
 
 
-async def push_metrics(hub: DeploymentHandle | None, source: str) -> None:
+async def push_metrics(hub: DeploymentHandle | None, source: str,
+                       timeout_s: float = PUSH_TIMEOUT_S) -> None:
+    """Bounded: a hub that is restarting must not stall the caller's housekeeping."""
     if hub is not None:
-        await hub.push.remote(source, local_text())
+        await asyncio.wait_for(hub.push.remote(source, local_text()), timeout_s)
 
 
 async def render_metrics(hub: DeploymentHandle | None, source: str) -> str:
