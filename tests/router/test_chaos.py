@@ -59,7 +59,9 @@ def test_agent_load_survives_redis_and_worker_faults(stack: dict[str, Any],
         [sys.executable, "-m", "deploy.cli", "bench", "--url", stack["url"], "--model", MODEL,
          "--workload", "agent", "--concurrency", "16", "--duration", "70", "--quiet",
          "--agent", "system_tokens=1500", "--agent", "tool_result_tokens=400",
-         "--agent", "tool_time_s=0.2", "--agent", "user_time_s=1.0", "--out", str(out)],
+         "--agent", "tool_time_s=0.2", "--agent", "user_time_s=1.0",
+         # compact well inside the sim model's 32k window (the estimate is chars / 4)
+         "--agent", "compact_tokens=16000", "--out", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     t0 = time.monotonic()
