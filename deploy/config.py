@@ -132,6 +132,10 @@ class RouterConfig(_Strict):
         600.0, gt=0, description="Longest wait for a replica to start streaming (queue + "
         "prefill) before the request fails with 503.",
     )
+    worker_transport: Literal["grpc", "actor"] = Field(
+        "grpc", description="How the router streams from workers: Serve's direct gRPC data "
+        "plane (about half the per-call latency) or Ray actor calls (Serve's default).",
+    )
     policy: str = Field("kvroute", description="A named routing profile (router.profiles).")
     pipeline: PipelineConfig | None = Field(
         None, description="An explicit pipeline (filters, weighted scorers, picker); "

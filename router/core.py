@@ -109,7 +109,9 @@ class RouterCore:
         self.tokenizers = {m.name: ChatTokenizer(m.model_path) for m in config.models}
         check_shared_tokenizers(config, self.tokenizers)
         self._salts = {m.name: model_salt(m.name) for m in config.models}
-        self._handles = {name: h.options(stream=True) for name, h in handles.items()}
+        by_ref = config.router.worker_transport == "actor"  # False: Serve's gRPC data plane
+        self._handles = {name: h.options(stream=True, _by_reference=by_ref)
+                         for name, h in handles.items()}
         idx = config.index
         self.index: PrefixIndex = make_index(idx.redis_url, IndexSettings(
             namespace=idx.namespace, routed_ttl_s=idx.routed_ttl_s,

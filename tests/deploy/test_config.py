@@ -29,6 +29,7 @@ def test_defaults_bind_loopback_and_use_memory_index() -> None:
     {"models": [{"name": "m", "model_path": "/x",
                  "autoscaling": {"min_replicas": 3, "max_replicas": 2}}]},
     {"models": []},
+    {**BASE, "router": {"worker_transport": "http"}},
 ])
 def test_invalid_configs_fail_fast(bad: dict) -> None:
     with pytest.raises(ValidationError):

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from pytest_redis import factories
 
-from deploy.config import IndexConfig
+from deploy.config import IndexConfig, RouterConfig
 from tests.stacks import counter, deployed, redis_url, report_fault, sim_model, stack_config
 
 pytestmark = pytest.mark.slow
@@ -21,11 +21,14 @@ MODEL = "sim-rr"
 rr_redis = factories.redis_proc(host="127.0.0.1", port=None)
 
 
-@pytest.fixture(scope="module")
-def stack(ray_local: None, tiny_model_dir: Path, rr_redis: Any,
+# Serve's gRPC data plane (the default) and Ray actor calls fail differently when a
+# replica dies (gRPC UNAVAILABLE vs RayActorError): both must fall back.
+@pytest.fixture(scope="module", params=["grpc", "actor"])
+def stack(request: pytest.FixtureRequest, ray_local: None, tiny_model_dir: Path, rr_redis: Any,
           serve_port: int) -> Iterator[dict[str, Any]]:
     index = IndexConfig(redis_url=redis_url(rr_redis), liveness_ttl_s=3.0)
-    cfg = stack_config(serve_port, sim_model(MODEL, tiny_model_dir, replicas=2), index=index)
+    cfg = stack_config(serve_port, sim_model(MODEL, tiny_model_dir, replicas=2), index=index,
+                       router=RouterConfig(worker_transport=request.param))
     with deployed(cfg) as url:
         yield {"url": url, "redis_url": index.redis_url}
 
@@ -88,11 +91,14 @@ def test_workers_report_remaining_prefill_through_serve(stack: dict[str, Any]) -
     url = stack["url"]
     for i in range(4):
         assert _chat(url, f"warm the counters {i} " * 40).status_code == 200
+    idle_since = time.time()
     deadline = time.monotonic() + 15  # Serve pushes routing stats every second
     while time.monotonic() < deadline:
         stats = httpx.get(f"{url}/kvroute/replicas", timeout=5).json()["models"][MODEL]
-        reported = all("stats_time" in s for s in stats)  # a new replica reports within ~1 s
-        if reported and sum(s.get("prefill_tokens_total", 0) for s in stats) > 0:
+        # every replica has reported since the last request ended (a report taken during
+        # a prefill rightly shows it unfinished)
+        fresh = all(s.get("stats_time", 0) > idle_since for s in stats)
+        if fresh and sum(s.get("prefill_tokens_total", 0) for s in stats) > 0:
             break
         time.sleep(0.5)
     assert sum(s.get("prefill_tokens_total", 0) for s in stats) > 0, stats
