@@ -15,6 +15,7 @@ from ray.serve.config import AutoscalingConfig as ServeAutoscaling
 from ray.serve.config import RequestRouterConfig
 
 from deploy.config import AutoscalingConfig, IndexConfig, KvrouteConfig, ModelConfig
+from deploy.serve_env import replica_env
 from ops.tracing import tracing_env
 from router.ingress import Ingress
 from router.metrics_hub import MetricsHub
@@ -56,10 +57,9 @@ def build_worker(m: ModelConfig, index: IndexConfig) -> Application:
 
 
 def _actor_options(num_cpus: float, num_gpus: float = 0.0) -> dict[str, Any]:
-    opts: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus}
-    if env := tracing_env():  # replicas on other nodes do not inherit the driver's env
-        opts["runtime_env"] = _with_env(env)
-    return opts
+    # replicas on other nodes do not inherit the driver's env
+    env = {**replica_env(), **tracing_env()}
+    return {"num_cpus": num_cpus, "num_gpus": num_gpus, "runtime_env": _with_env(env)}
 
 
 def _with_env(env: dict[str, str]) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from ray import serve
 
 from deploy.builder import build_app
 from deploy.config import KvrouteConfig
+from deploy.serve_env import cluster_env
 
 APP_NAME = "kvroute"
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
@@ -24,7 +25,8 @@ def init_ray(host: str = "127.0.0.1", num_cpus: int | None = None) -> None:
     if address is None and host in _LOOPBACK:
         # Ray 2.60 binds to the machine's address unless told otherwise.
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    kwargs: dict[str, object] = {"include_dashboard": False, "log_to_driver": True}
+    kwargs: dict[str, object] = {"include_dashboard": False, "log_to_driver": True,
+                                 "runtime_env": {"env_vars": cluster_env()}}
     if address is None:
         kwargs["num_cpus"] = num_cpus or max(4, os.cpu_count() or 1)
     # "local": always a fresh cluster, never silently joining another one on this host
