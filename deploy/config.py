@@ -128,6 +128,8 @@ class RouterConfig(_Strict):
         4000.0, gt=0, description="Initial per-replica prefill rate before one is learned."
     )
     max_retries: int = Field(2, ge=0, description="Retries on the next replica before 1st token.")
+    max_resumes: int = Field(2, ge=0, description="Times a stream cut by a failed replica "
+                             "resumes on another (prompt + tokens sent); 0 = end it with an error.")
     first_token_timeout_s: float = Field(
         600.0, gt=0, description="Longest wait for a replica to start streaming (queue + "
         "prefill) before the request fails with 503.",

@@ -12,12 +12,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any
 
 from ray.serve.exceptions import BackPressureError
-from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
+from ray.serve.handle import DeploymentHandle
 
 from cache_service import IndexSettings, make_index
 from cache_service.hashing import block_hashes, model_salt
@@ -29,7 +28,8 @@ from router.admission import AdmissionGate, backed_up, own_prefill_s
 from router.auth import ApiKeyConfig, Authenticator
 from router.context import Candidate, RequestContext, build_candidate
 from router.errors import ApiError
-from router.load import LoadTracker, Ticket
+from router.generation import Generation
+from router.load import LoadTracker
 from router.pipeline import Pipeline
 from router.ratelimit import RateLimiter
 from router.request_router import RANK_KWARG
@@ -45,61 +45,6 @@ from workers.publisher import from_wire
 
 log = logging.getLogger(__name__)
 _VIEW_WAIT_S = 10.0
-
-
-@dataclass(slots=True)
-class Generation:
-    """A started generation: the chosen replica and its message stream."""
-
-    model: str
-    replica: str
-    router: str
-    predicted_cached_tokens: int
-    prompt_tokens: int
-    first: dict[str, Any]
-    _rest: DeploymentResponseGenerator
-    _core: RouterCore
-    _ticket: Ticket
-    _info: telemetry.RequestInfo
-    final: dict[str, Any] | None = None
-    _closed: bool = field(default=False)
-    api_key: ApiKeyConfig | None = None  # set when rate-limited: close() refunds unused tokens
-    max_tokens: int = 0
-
-    async def messages(self) -> AsyncIterator[dict[str, Any]]:
-        try:
-            msg: dict[str, Any] | None = self.first
-            while msg is not None:
-                self._observe(msg)
-                if "finish_reason" in msg:
-                    self.final = msg
-                    await self._core.on_final(self.model, msg)
-                yield msg
-                msg = None if self.final else await anext(self._rest, None)
-        except Exception:
-            self._info.failed = True
-            raise
-        finally:
-            self.close()
-
-    def _observe(self, msg: dict[str, Any]) -> None:
-        if "text" in msg or "finish_reason" in msg:
-            self._core.loads.first_token(self._ticket)
-            self._core.on_first_token()
-            if self._info.first_token_at is None:
-                self._info.first_token_at = time.monotonic()
-        if "finish_reason" in msg:
-            telemetry.record_usage(self._info, msg, self.predicted_cached_tokens)
-
-    def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self._core.loads.end(self._ticket)
-            if self.final is None:
-                self._rest.cancel()  # client went away: abort on the worker
-            elif self.api_key is not None:  # give back the max_tokens it did not use
-                used = int((self.final.get("usage") or {}).get("completion_tokens", 0))
-                self._core.refund(self.api_key, self.max_tokens - used)
 
 
 class RouterCore:
@@ -213,6 +158,8 @@ class RouterCore:
         payload = {"request_id": req.request_id, "token_ids": req.token_ids,
                    "sampling": req.sampling}
         gen = await self._dispatch_with_retries(ranked, ctx, payload, info)
+        gen.request = RouteRequest(gen.model, req.token_ids, req.sampling, req.request_id,
+                                   req.headers, req.session_id, req.has_tools)
         info.model = gen.model
         if req.session_id:
             self._spawn(self.index.record_session(req.session_id, gen.model, gen.replica))
@@ -285,6 +232,30 @@ class RouterCore:
         info.failed = True
         raise ApiError(503, f"no replica of {ranked[0].model!r} could take the request",
                        "no_replica")
+
+    async def resume(self, gen: Generation, err: Exception) -> dict[str, Any]:
+        """Route the rest of a cut stream: prompt + sent tokens, on the same model, never
+        the replica that failed; returns the first message of the continuation."""
+        assert gen.request is not None
+        sampling = dict(gen.request.sampling)
+        sampling["max_tokens"] = int(sampling["max_tokens"]) - len(gen.sent)
+        if sampling["max_tokens"] <= 0:  # cut between the last token and the final message
+            return {"replica": gen.replica, "finish_reason": "length", "stop_sequence": None,
+                    "usage": {"prompt_tokens": gen.prompt_tokens, "cached_tokens": 0,
+                              "completion_tokens": len(gen.sent) - gen.carried}}
+        ids = gen.request.token_ids + gen.sent
+        req = RouteRequest(gen.model, ids, sampling, f"{gen.request.request_id}-r{gen.resumes}",
+                           gen.request.headers, gen.request.session_id, gen.request.has_tools)
+        weights = {gen.model: 1.0}
+        hashes = {gen.model: block_hashes(ids, self.config.index.block_size,
+                                          self._salts[gen.model])}
+        ctx = await self._context(req, weights, hashes)
+        ranked = [c for c in self.pipeline.rank(ctx) if c.replica != gen.replica]
+        if not ranked:
+            raise err
+        metrics.RESUMES.labels(gen.model).inc()
+        payload = {"request_id": req.request_id, "token_ids": ids, "sampling": sampling}
+        return gen.adopt(await self._dispatch_with_retries(ranked, ctx, payload, gen._info))
 
     async def _dispatch(
         self, model: str, order: list[Candidate], ctx: RequestContext,

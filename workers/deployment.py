@@ -72,7 +72,8 @@ class ModelWorker:
                     final = self._final(item)
                     yield final
                 else:
-                    yield {"replica": self._replica, "text": item.text, "n": len(item.token_ids)}
+                    yield {"replica": self._replica, "text": item.text, "n": len(item.token_ids),
+                           "ids": list(item.token_ids)}  # what the router resumes from
         finally:
             spans.finish(final["usage"] if final else None, error=final is None)
 
