@@ -262,6 +262,7 @@ class RouterCore:
         hashes: list[int], payload: dict[str, Any], info: telemetry.RequestInfo,
     ) -> Generation | None:
         target = order[0]
+        self.remember(model, target.replica)
         ticket = self.loads.begin(model, target.replica, ctx.uncached(target))
         self._spawn(self.index.record_routed(model, target.replica, hashes))
         resp = self._handles[model].generate.remote(
@@ -324,6 +325,11 @@ class RouterCore:
         if events := msg.get("events"):
             self._spawn(self.index.apply_events(from_wire(events)))
 
+    def remember(self, model: str, replica: str) -> None:
+        """Known replicas are purged from the index once Serve's view drops them; one
+        routed to and dead before the next maintenance tick must be known too."""
+        self._known.setdefault(model, set()).add(replica)
+
     async def maintain(self) -> None:
         """Purge replicas Serve removed; forget their load. Runs every second."""
         live: set[tuple[str, str]] = set()
@@ -335,7 +341,7 @@ class RouterCore:
                 metrics.QUEUED.labels(model, info.replica).set(
                     info.stats.get("queued_prefill_tokens", 0))
             now = {info.replica for info in view}
-            for gone in self._known.get(model, set()) - now:
+            for gone in sorted(self._known.get(model, set()) - now):
                 await self.index.remove_replica(model, gone)
                 with contextlib.suppress(KeyError):
                     metrics.ONGOING.remove(model, gone)
