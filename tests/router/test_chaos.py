@@ -1,9 +1,9 @@
 """Issue 10's acceptance scenario, scaled for CI: a 16-way agentic load
 (`kvroute bench --workload agent --concurrency 16`) against 3 sim replicas with a
 Redis index; Redis is killed at 20 s and restarted at 35 s, and a worker replica
-process is SIGKILLed at 50 s. At most 16 requests may fail (streams cut by the
-killed replica), the load keeps completing, the index refills after Redis
-returns, and /health is 200 at the end."""
+process is SIGKILLed at 50 s. No request may fail (streams the killed replica was
+generating resume on another one), the load keeps completing, the index refills
+after Redis returns, and /health is 200 at the end."""
 
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ def test_agent_load_survives_redis_and_worker_faults(stack: dict[str, Any],
                  result["requests"], result["errors"],
                  counter(stack["url"], "kvroute_retries_total"), result["e2e_s"]["p99"])
     assert result["requests"] > 50
-    assert result["errors"] <= 16
+    assert result["errors"] == 0, result["params"].get("error_samples")
     assert _index_keys(stack["redis_url"]) > 0, "the index did not refill after Redis returned"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
