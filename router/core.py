@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Mapping
@@ -144,26 +145,35 @@ class RouterCore:
         info.model = req.name
         weights = self.resolve(req.name)
         started = time.perf_counter()
-        bs = self.config.index.block_size
-        hashes = {m: block_hashes(req.token_ids, bs, self._salts[m]) for m in weights}
+        hashes = self._hashes(req.token_ids, weights)
         ctx = await self._context(req, weights, hashes)
         if self.gate is not None and await self._admit(ctx, weights):
             started = time.perf_counter()
             ctx = await self._context(req, weights, hashes)  # the view after the wait
-        with telemetry.TRACER.start_as_current_span("route"):
-            ranked = self.pipeline.rank(ctx)
-            if ranked:
-                self.pipeline.on_routed(ctx, ranked[0])
+        ranked = self._rank(ctx)
         metrics.ROUTE.observe(time.perf_counter() - started)
         payload = {"request_id": req.request_id, "token_ids": req.token_ids,
                    "sampling": req.sampling}
         gen = await self._dispatch_with_retries(ranked, ctx, payload, info)
-        gen.request = RouteRequest(gen.model, req.token_ids, req.sampling, req.request_id,
-                                   req.headers, req.session_id, req.has_tools)
+        gen.request = dataclasses.replace(req, name=gen.model)  # what a resume starts from
         info.model = gen.model
         if req.session_id:
             self._spawn(self.index.record_session(req.session_id, gen.model, gen.replica))
         return gen
+
+    def _hashes(self, token_ids: list[int], models: Mapping[str, float]) -> dict[str, list[int]]:
+        bs = self.config.index.block_size
+        return {m: block_hashes(token_ids, bs, self._salts[m]) for m in models}
+
+    def _rank(self, ctx: RequestContext, skip: str | None = None) -> list[Candidate]:
+        """The pipeline's ranking (without replica ``skip``); the best is marked routed."""
+        with telemetry.TRACER.start_as_current_span("route"):
+            ranked = self.pipeline.rank(ctx)
+            if skip is not None:
+                ranked = [c for c in ranked if c.replica != skip]
+            if ranked:
+                self.pipeline.on_routed(ctx, ranked[0])
+        return ranked
 
     async def _context(self, req: RouteRequest, weights: Mapping[str, float],
                        hashes: dict[str, list[int]]) -> RequestContext:
@@ -244,13 +254,11 @@ class RouterCore:
                     "usage": {"prompt_tokens": gen.prompt_tokens, "cached_tokens": 0,
                               "completion_tokens": len(gen.sent) - gen.carried}}
         ids = gen.request.token_ids + gen.sent
-        req = RouteRequest(gen.model, ids, sampling, f"{gen.request.request_id}-r{gen.resumes}",
-                           gen.request.headers, gen.request.session_id, gen.request.has_tools)
+        req = dataclasses.replace(gen.request, token_ids=ids, sampling=sampling,
+                                  request_id=f"{gen.request.request_id}-r{gen.resumes}")
         weights = {gen.model: 1.0}
-        hashes = {gen.model: block_hashes(ids, self.config.index.block_size,
-                                          self._salts[gen.model])}
-        ctx = await self._context(req, weights, hashes)
-        ranked = [c for c in self.pipeline.rank(ctx) if c.replica != gen.replica]
+        ctx = await self._context(req, weights, self._hashes(ids, weights))
+        ranked = self._rank(ctx, skip=gen.replica)
         if not ranked:
             raise err
         metrics.RESUMES.labels(gen.model).inc()
