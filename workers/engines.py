@@ -29,9 +29,16 @@ def _mlx(cfg: ModelConfig, replica: str, block_size: int) -> Engine:
 
 def _sim(cfg: ModelConfig, replica: str, block_size: int) -> Engine:
     from workers.sim_engine import SimEngine, SimParams
+    from workers.sim_script import SimScript
 
-    params = SimParams.from_kwargs(cfg.engine_kwargs, block_size)
-    return SimEngine(cfg.name, replica, block_size, params)
+    kw = dict(cfg.engine_kwargs)
+    # The script is the adapter's, not the core's: SimParams keeps its strict key check.
+    script_path = kw.pop("script_path", None)
+    if script_path is not None and not isinstance(script_path, str):
+        raise ValueError(f"sim engine_kwargs.script_path must be a string, got {script_path!r}")
+    params = SimParams.from_kwargs(kw, block_size)
+    script = SimScript.load(script_path, cfg.model_path) if script_path is not None else None
+    return SimEngine(cfg.name, replica, block_size, params, script)
 
 
 def _vllm(cfg: ModelConfig, replica: str, block_size: int) -> Engine:

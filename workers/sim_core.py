@@ -23,7 +23,10 @@ Dynamo's mocker or llm-d's inference simulator); it runs no model. The model:
   decoding at that moment.
 * Tokens: ``sim_token(prompt_key, seed, position)``, a pure function. With
   ``eos_every = k > 0`` the k-th decode step yields EOS: finish "stop" after k-1 tokens
-  (EOS itself is not emitted nor counted, as in the mlx adapter).
+  (EOS itself is not emitted nor counted, as in the mlx adapter). A request may instead
+  carry ``script``, token ids chosen by the adapter (``workers.sim_script``): they are
+  emitted in order, and the request finishes "stop" with its last one (``eos_every`` and
+  ``eos`` do not apply), or "length" first if ``max_tokens`` is smaller.
 
 Time is a float supplied by the caller: ``SimEngine`` passes the event loop's clock, an
 offline simulator passes virtual time. Protocol: ``submit(req, now)`` /
@@ -98,6 +101,7 @@ class SimRequest:
     prompt_key: int = 0  # seeds the token stream (SimEngine: a hash of the token ids)
     seed: int = 0
     eos: bool = True  # False = ignore EOS (SamplingParams.ignore_eos)
+    script: tuple[int, ...] | None = None  # scripted reply: emitted instead of sim_token
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,16 +331,29 @@ class SimCore:
         spec, i = r.spec, r.generated
         if i >= spec.max_tokens:
             self._pending.append(self._finish(r, self._now, "length"))
-        elif spec.eos and self.params.eos_every and i + 1 == self.params.eos_every:
+        elif self._eos_at(spec, i):
             self._pending.append(self._finish(r, self._now, "stop"))
         else:
-            tok = sim_token(spec.prompt_key, spec.seed, i, self.params.vocab_size)
+            script = spec.script
+            if script is None:
+                tok = sim_token(spec.prompt_key, spec.seed, i, self.params.vocab_size)
+            else:
+                tok = script[i]
             r.generated += 1
             self._pending.append(SimToken(spec.request_id, self._now, tok, i))
-            if r.generated >= spec.max_tokens:
+            if script is not None and r.generated == len(script):
+                # The script's end is its EOS, seen with its last token: no extra step.
+                self._pending.append(self._finish(r, self._now, "stop"))
+            elif r.generated >= spec.max_tokens:
                 self._pending.append(self._finish(r, self._now, "length"))
             else:
                 self._schedule(r, self._now + self.params.step_time(self._decoding))
+
+    def _eos_at(self, spec: SimRequest, i: int) -> bool:
+        """Whether decode step ``i`` (0-based) yields EOS instead of a token."""
+        if spec.script is not None:
+            return i >= len(spec.script)  # only an empty script gets here
+        return spec.eos and self.params.eos_every > 0 and i + 1 == self.params.eos_every
 
     def _finish(self, r: _Req, t: float, reason: str) -> SimFinish:
         spec = r.spec

@@ -12,6 +12,11 @@ The adapter hashes token ids into canonical block hashes (``block_hashes`` with
 the router's hashes. Each output token ``t`` has the text ``f" w{t}"``; stop strings are
 matched on that text (``StopMatcher``) and end the request with finish_reason "stop".
 Temperature and top_p are ignored: output is a pure function of (prompt, seed, position).
+
+With a ``script`` (``workers.sim_script.SimScript``, from ``engine_kwargs.script_path``)
+a prompt that matches one of its rules gets the rule's reply instead: the core emits the
+reply's real token ids and this adapter streams their real text, so the router's tool-call
+parser sees the model's own markup. Without a script no prompt is decoded.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import xxhash
@@ -37,6 +43,9 @@ from workers.protocol import (
 from workers.sim_core import LABEL, SimCore, SimFinish, SimOutput, SimParams, SimRequest
 from workers.stops import StopMatcher
 
+if TYPE_CHECKING:  # only engines with a script pay for its tokenizer imports
+    from workers.sim_script import SimScript
+
 __all__ = ["SimEngine", "SimParams", "token_text"]
 
 
@@ -50,6 +59,10 @@ class _Stream:
     stops: StopMatcher
     queue: asyncio.Queue[TokenChunk | Finished] = field(default_factory=asyncio.Queue)
     held: list[int] = field(default_factory=list)  # ids whose text the StopMatcher holds
+    pieces: tuple[str, ...] | None = None  # a scripted reply's text per token
+
+    def text(self, token_id: int, index: int) -> str:
+        return token_text(token_id) if self.pieces is None else self.pieces[index]
 
 
 class SimEngine:
@@ -63,6 +76,7 @@ class SimEngine:
         replica_id: str,
         block_size: int = DEFAULT_BLOCK_SIZE,
         params: SimParams | None = None,
+        script: SimScript | None = None,
     ) -> None:
         params = params or SimParams(block_size=block_size)
         if params.block_size != block_size:
@@ -72,6 +86,7 @@ class SimEngine:
             )
         self.model_name, self.replica_id = model_name, replica_id
         self.params = params
+        self._script = script
         self._salt = model_salt(model_name)
         self._core = SimCore(self.params, model_name, replica_id)
         self._streams: dict[str, _Stream] = {}
@@ -91,6 +106,7 @@ class SimEngine:
         if rid in self._streams:
             raise EngineError(f"request {rid!r} is already running")
         ids = np.asarray(request.token_ids, dtype="<u4")
+        reply = self._script.reply_for(request.token_ids) if self._script else None
         spec = SimRequest(
             rid,
             block_hashes(ids, self.params.block_size, self._salt),
@@ -99,8 +115,9 @@ class SimEngine:
             prompt_key=xxhash.xxh3_64_intdigest(ids.tobytes()),
             seed=sp.seed or 0,
             eos=not sp.ignore_eos,
+            script=reply.token_ids if reply else None,
         )
-        stream = _Stream(StopMatcher(sp.stop))
+        stream = _Stream(StopMatcher(sp.stop), pieces=reply.pieces if reply else None)
         self._streams[rid] = stream
         self._core.submit(spec, self._now())
         self._reschedule()
@@ -179,7 +196,7 @@ class SimEngine:
                 self._finish(out.request_id, stream, out)
                 continue
             stream.held.append(out.token_id)
-            text, hit = stream.stops.feed(token_text(out.token_id))
+            text, hit = stream.stops.feed(stream.text(out.token_id, out.index))
             if text or hit:
                 stream.queue.put_nowait(TokenChunk(text, tuple(stream.held)))
                 stream.held = []

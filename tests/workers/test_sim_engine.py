@@ -218,6 +218,25 @@ def test_tokens_are_a_pure_function() -> None:
     assert ids == [sim_token(42, 7, i, 4096) for i in range(4)]
 
 
+def test_scripted_tokens_replace_sim_tokens_and_end_with_stop() -> None:
+    p = SimParams(prefill_tok_s=1000.0, tpot_s=0.01, tpot_per_batch_s=0.0, eos_every=2)
+    core = SimCore(p)
+    core.submit(SimRequest("s", [], 100, 10, script=(7, 8, 9), eos=False), 0.0)
+    outs = drain(core)
+    toks = [o for o in outs if not isinstance(o, SimFinish)]
+    assert [o.token_id for o in toks] == [7, 8, 9]  # eos_every does not cut a script
+    assert [o.time for o in toks] == pytest.approx([0.1, 0.11, 0.12])
+    fin = outs[-1]
+    assert isinstance(fin, SimFinish) and fin.reason == "stop"
+    assert (fin.completion_tokens, fin.time) == (3, pytest.approx(0.12))
+    core.submit(SimRequest("cut", [], 1, 2, script=(7, 8, 9)), 1.0)
+    fin = drain(core)[-1]
+    assert isinstance(fin, SimFinish) and (fin.reason, fin.completion_tokens) == ("length", 2)
+    core.submit(SimRequest("empty", [], 1, 5, script=()), 2.0)
+    (fin,) = drain(core)
+    assert isinstance(fin, SimFinish) and (fin.reason, fin.completion_tokens) == ("stop", 0)
+
+
 def test_lru_eviction_and_pinned_blocks() -> None:
     core = SimCore(SimParams(kv_blocks=4, block_size=4, prefill_tok_s=1e6, tpot_s=0.01), "m", "r")
     core.submit(SimRequest("a", [1, 2, 3], 12, 1), 0.0)
