@@ -19,7 +19,8 @@ Choices (see docs/api.md):
   enforced); ``none`` still renders the tools (the prompt, and so the cache, is
   the same as with ``auto``) but tool calls are not parsed: any call markup the
   model writes comes back as text. ``disable_parallel_tool_use`` keeps the first call.
-- Session: the ``x-session-id`` header, else ``metadata.user_id``.
+- Session: ``router.identity.session_key`` (``x-session-id``, Claude Code's session
+  header, ..., ``metadata.user_id``).
 - A client that disconnects closes the generation, which aborts it on the worker.
 """
 
@@ -37,6 +38,7 @@ from router.anthropic_schema import CountTokensRequest, MessagesRequest
 from router.core import Generation, RouterCore
 from router.errors import ApiError
 from router.http_util import (
+    encode_prompt,
     forwarded_headers,
     output_budget,
     parse_body,
@@ -44,8 +46,8 @@ from router.http_util import (
     routing_headers,
     sampling,
 )
-from router.normalize import ChatPrompt, to_chat
-from router.tokenization import ChatTokenizer, TemplateRenderError
+from router.identity import session_key
+from router.normalize import to_chat
 
 log = logging.getLogger(__name__)
 DEFAULT_TEMPERATURE = 1.0
@@ -55,14 +57,15 @@ async def messages(core: RouterCore, request: Request) -> Response:
     key = core.auth.authenticate(request.headers)  # 401 before reading the body
     req = await parse_body(request, MessagesRequest)
     tok = core.tokenizer(req.model)
-    ids = _encode(tok, to_chat(req))
+    ids = encode_prompt(tok, to_chat(req, tok.system_in_place))
     budget, bound = _budget(core, req.model, len(ids), req.max_tokens)
     params = sampling(
         budget, DEFAULT_TEMPERATURE if req.temperature is None else req.temperature,
         req.top_p, tuple(req.stop_sequences or ()), None,
     )
     rid = request_id("msg")
-    session = req.session_id(request.headers.get("x-session-id"))
+    session = session_key(request.headers, user_id=req.metadata.user_id if req.metadata else None,
+                          tenant=key.name if key else None)
     gen = await core.generate(req.model, ids, params, rid, forwarded_headers(request),
                               session, api_key=key, has_tools=bool(req.tools))
     headers = {**routing_headers(gen), "request-id": rid}
@@ -77,15 +80,8 @@ async def count_tokens(core: RouterCore, request: Request) -> Response:
     core.auth.authenticate(request.headers)
     req = await parse_body(request, CountTokensRequest)
     tok = core.tokenizer(req.model)
-    return JSONResponse({"input_tokens": len(_encode(tok, to_chat(req)))})
-
-
-def _encode(tok: ChatTokenizer, prompt: ChatPrompt) -> list[int]:
-    try:
-        text = tok.render(prompt.messages, tools=prompt.tools)
-    except TemplateRenderError as e:
-        raise ApiError(400, str(e), "invalid_messages", "messages") from None
-    return tok.encode(text + (prompt.prefill or ""))
+    ids = encode_prompt(tok, to_chat(req, tok.system_in_place))
+    return JSONResponse({"input_tokens": len(ids)})
 
 
 def _budget(core: RouterCore, model: str, prompt_len: int, max_tokens: int) -> tuple[int, bool]:

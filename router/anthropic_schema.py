@@ -66,7 +66,10 @@ ContentBlock = Annotated[
 
 
 class Message(_Lenient):
-    role: Literal["user", "assistant"]
+    """``system`` inside ``messages``: Claude Code sends its environment block this way
+    (beta ``mid-conversation-tool-changes-2026-07-01``)."""
+
+    role: Literal["user", "assistant", "system"]
     content: str | list[ContentBlock]
 
 
@@ -129,7 +132,3 @@ class MessagesRequest(CountTokensRequest):
         if v is not None and len(v) > 16:
             raise ValueError("at most 16 stop sequences")
         return v
-
-    def session_id(self, header: str | None) -> str | None:
-        """``x-session-id`` wins; else ``metadata.user_id`` (Claude Code: one per session)."""
-        return header or (self.metadata.user_id if self.metadata else None) or None

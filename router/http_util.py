@@ -11,6 +11,8 @@ from ray import serve
 
 from router.core import Generation, RouterCore
 from router.errors import ApiError
+from router.normalize import ChatPrompt
+from router.tokenization import ChatTokenizer, TemplateRenderError
 
 MAX_BODY_BYTES = 32 << 20
 M = TypeVar("M", bound=BaseModel)
@@ -88,6 +90,16 @@ def routing_headers(gen: Generation) -> dict[str, str]:
         "x-kvroute-replica": gen.replica,
         "x-kvroute-predicted-cached-tokens": str(gen.predicted_cached_tokens),
     }
+
+
+def encode_prompt(tok: ChatTokenizer, prompt: ChatPrompt) -> list[int]:
+    """Render the chat template and tokenize, once; a conversation the template refuses
+    is a 400."""
+    try:
+        text = tok.render(prompt.messages, tools=prompt.tools)
+    except TemplateRenderError as e:
+        raise ApiError(400, str(e), "invalid_messages", "messages") from None
+    return tok.encode(text + (prompt.prefill or ""))
 
 
 def output_budget(core: RouterCore, model: str, prompt_len: int, limit: int | None) -> int:

@@ -84,6 +84,32 @@ def system_text(system: str | list[TextBlock] | None) -> str | None:
     return "\n\n".join(t for t in texts if t.strip())
 
 
+def place_system(messages: list[dict[str, Any]], in_place: bool) -> list[dict[str, Any]]:
+    """System messages where every template can take them, without moving the prefix.
+
+    The leading ones become one system message (joined with a blank line). A later one
+    (Claude Code's environment block, a Codex developer message) stays where it is when
+    the template renders system messages in place (``in_place``); otherwise it becomes
+    user text, merged into a neighbouring user message so roles still alternate. Either
+    way turn N+1 renders turn N's prompt unchanged as its prefix.
+    """
+    lead = 0
+    while lead < len(messages) and messages[lead]["role"] == "system":
+        lead += 1
+    out: list[dict[str, Any]] = []
+    if lead:
+        texts = [str(m["content"]) for m in messages[:lead] if m["content"]]
+        out.append({"role": "system", "content": "\n\n".join(texts)})
+    for msg in messages[lead:]:
+        if msg["role"] != "system" or in_place:
+            out.append(msg)
+        elif out and out[-1]["role"] == "user":
+            out[-1] = {**out[-1], "content": f"{out[-1]['content']}\n\n{msg['content']}"}
+        else:
+            out.append({"role": "user", "content": msg["content"]})
+    return out
+
+
 @dataclass(slots=True)
 class ChatPrompt:
     """What the chat template gets: messages, tools, and an assistant prefill."""
@@ -93,7 +119,9 @@ class ChatPrompt:
     prefill: str | None = None
 
 
-def to_chat(req: CountTokensRequest) -> ChatPrompt:
+def to_chat(req: CountTokensRequest, system_in_place: bool = True) -> ChatPrompt:
+    """The template's input; ``system_in_place``: the template renders a later system
+    message where it stands (``ChatTokenizer.system_in_place``)."""
     prompt = ChatPrompt(tools=template_tools(req.tools))
     system = system_text(req.system)
     if system is not None:
@@ -103,11 +131,14 @@ def to_chat(req: CountTokensRequest) -> ChatPrompt:
         where = f"messages.{i}.content"
         if msg.role == "assistant":
             prompt.messages.append(_assistant(msg, where, names))
+        elif msg.role == "system":  # Claude Code's environment block, mid-conversation
+            prompt.messages.append({"role": "system", "content": _system_message(msg, where)})
         else:
             prompt.messages.extend(_user(msg, where, names))
     last = req.messages[-1]
     if last.role == "assistant" and "tool_calls" not in prompt.messages[-1]:
         prompt.prefill = prompt.messages.pop()["content"]
+    prompt.messages = place_system(prompt.messages, system_in_place)
     return prompt
 
 
@@ -137,6 +168,16 @@ def _refuse(block: Any, where: str) -> None:
     if isinstance(block, ImageBlock | DocumentBlock):
         raise ApiError(400, f"{where}: {block.type} blocks are not supported: kvroute serves "
                        "text-only models", "unsupported_content", where)
+
+
+def _system_message(msg: Message, where: str) -> str:
+    texts = []
+    for j, block in enumerate(_blocks(msg)):
+        if not isinstance(block, TextBlock):
+            raise ApiError(400, f"{where}.{j}: a system message holds text blocks only, not "
+                           f"{block.type}", "invalid_request", f"{where}.{j}")
+        texts.append(strip_volatile(block.text))
+    return "\n".join(texts)
 
 
 def _assistant(msg: Message, where: str, names: dict[str, str]) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from router import tool_calls as tc
 from router.core import Generation, RouterCore
 from router.errors import ApiError
 from router.http_util import (
+    encode_prompt,
     forwarded_headers,
     output_budget,
     parse_body,
@@ -32,8 +33,9 @@ from router.http_util import (
     routing_headers,
     sampling,
 )
+from router.identity import session_key
+from router.normalize import ChatPrompt, place_system
 from router.openai_schema import ChatCompletionRequest, CompletionRequest, SamplingFields
-from router.tokenization import TemplateRenderError
 
 log = logging.getLogger(__name__)
 
@@ -49,15 +51,13 @@ async def chat_completions(core: RouterCore, request: Request) -> Response:
     core.auth.authenticate(request.headers)  # 401 before reading the body
     req = await parse_body(request, ChatCompletionRequest)
     tok = core.tokenizer(req.model)
-    try:
-        text = tok.render(req.template_messages(), tools=req.template_tools())
-    except TemplateRenderError as e:
-        raise ApiError(400, str(e), "invalid_messages", "messages") from None
+    messages = place_system(req.template_messages(), tok.system_in_place)
+    ids = encode_prompt(tok, ChatPrompt(messages, req.template_tools()))
     parser = None
     if req.parses_tools():
         parser = tc.make_parser(tc.family_for_model(core.primary(req.model).model_path))
     out = _Output(parser, single_call=req.parallel_tool_calls is False)
-    return await _serve(core, request, req, tok.encode(text), out)
+    return await _serve(core, request, req, ids, out)
 
 
 async def completions(core: RouterCore, request: Request) -> Response:
@@ -102,9 +102,11 @@ async def _serve(core: RouterCore, request: Request, req: SamplingFields, ids: l
     rid = request_id("chatcmpl" if chat else "cmpl")
     budget = output_budget(core, req.model, len(ids), req.output_limit())
     params = sampling(budget, req.temperature, req.top_p, req.stop_list(), req.seed)
+    key = core.auth.authenticate(request.headers)
+    session = session_key(request.headers, prompt_cache_key=req.prompt_cache_key,
+                          tenant=key.name if key else None)
     gen = await core.generate(
-        req.model, ids, params, rid, forwarded_headers(request),
-        request.headers.get("x-session-id"), api_key=core.auth.authenticate(request.headers),
+        req.model, ids, params, rid, forwarded_headers(request), session, api_key=key,
         has_tools=bool(getattr(req, "tools", None)),
     )
     headers = routing_headers(gen)

@@ -88,6 +88,7 @@ class SamplingFields(_Lenient):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    prompt_cache_key: str | None = None  # a session key (router.identity)
 
     @field_validator("stop")
     @classmethod

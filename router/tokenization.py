@@ -7,6 +7,7 @@ the fast ``tokenizers`` library. Only token ids travel on to the workers.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from datetime import datetime
@@ -87,6 +88,19 @@ class ChatTokenizer:
             raise
         except (TemplateError, TypeError, KeyError, ValueError) as e:
             raise TemplateRenderError(f"cannot render the conversation: {e}") from e
+
+    @functools.cached_property
+    def system_in_place(self) -> bool:
+        """Whether the template renders a system message after the first turn where it
+        stands (Qwen, Llama 3 do; some templates raise or drop it)."""
+        first, probe = "\x1fkvroute-first\x1f", "\x1fkvroute-probe\x1f"
+        try:
+            text = self.render([{"role": "user", "content": first},
+                                {"role": "system", "content": probe},
+                                {"role": "user", "content": "b"}])
+        except TemplateRenderError:
+            return False
+        return probe in text and text.index(probe) > text.index(first)
 
     def encode(self, text: str) -> list[int]:
         # The template already placed every special token it wants.
