@@ -7,6 +7,7 @@ structure as the application's ``args``.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 from pathlib import Path
 from typing import Literal
@@ -162,6 +163,21 @@ class ServerConfig(_Strict):
     )
 
 
+class ResponsesConfig(_Strict):
+    """The Responses API's stored responses (``store: true``, ``previous_response_id``)."""
+
+    store_ttl_s: float = Field(86400.0, gt=0, description="How long a stored response can "
+                               "be continued with previous_response_id.")
+    max_entry_bytes: int = Field(
+        16 << 20, ge=1024, description="Largest stored response (the whole conversation, "
+        "compressed); a larger one is served but not stored.",
+    )
+    memory_bytes: int = Field(
+        256 << 20, ge=0, description="Local copies kept per router replica (LRU); the only "
+        "store without Redis, the fallback while Redis is unreachable.",
+    )
+
+
 class KvrouteConfig(_Strict):
     # The outermost model decides: no config error may echo its input (a key pasted
     # into key_sha256 by mistake).
@@ -178,6 +194,14 @@ class KvrouteConfig(_Strict):
     auth: AuthConfig = Field(
         default_factory=AuthConfig, description="API keys and per-key rate limits (docs/auth.md)."
     )
+    aliases: dict[str, str] = Field(
+        default_factory=dict, description="Model-name patterns (fnmatch: `claude-*`, `gpt-*`, "
+        "`*`) to a model or group, for clients that ask for their vendor's names; tried in "
+        "order after exact model and group names.",
+    )
+    responses: ResponsesConfig = Field(
+        default_factory=ResponsesConfig, description="Stored responses of /v1/responses."
+    )
 
     @model_validator(mode="after")
     def _unique(self) -> KvrouteConfig:
@@ -192,6 +216,11 @@ class KvrouteConfig(_Strict):
                 raise ValueError(f"group {g.name!r} names unknown models {unknown}")
         if len({g.name for g in self.groups}) != len(self.groups):
             raise ValueError("duplicate group names")
+        known = {*names, *(g.name for g in self.groups), "auto"}
+        for pattern, target in self.aliases.items():
+            if target not in known:
+                raise ValueError(f"alias {pattern!r} names {target!r}, which is not a model "
+                                 "or group of this config")
         return self
 
     def resolve(self, name: str) -> dict[str, float] | None:
@@ -203,7 +232,8 @@ class KvrouteConfig(_Strict):
             return {m.model: m.weight for m in group.models}
         if name == "auto":
             return {m.name: 1.0 for m in self.models}
-        return None
+        target = next((t for p, t in self.aliases.items() if fnmatch.fnmatchcase(name, p)), None)
+        return self.resolve(target) if target is not None else None
 
     def model(self, name: str) -> ModelConfig | None:
         return next((m for m in self.models if m.name == name), None)

@@ -1,7 +1,7 @@
 """The router ingress: a FastAPI app as a Serve deployment.
 
-A thin shim: each route hands the request to its API module (OpenAI, and
-Anthropic), which parses, templates and tokenizes once, then calls
+A thin shim: each route hands the request to its API module (OpenAI chat and
+completions, OpenAI Responses, Anthropic), which parses, templates and tokenizes once, then calls
 ``RouterCore`` (index lookup → pipeline → dispatch). Errors come back in the
 API's own JSON shape: Anthropic's on /v1/messages, OpenAI's elsewhere.
 
@@ -23,12 +23,13 @@ from ray.serve.handle import DeploymentHandle
 
 from deploy.config import KvrouteConfig
 from ops.tracing import setup_tracing, shutdown_tracing
-from router import anthropic_routes, openai_routes
+from router import anthropic_routes, openai_routes, responses_routes
 from router.auth import exposure_warning
 from router.core import RouterCore
 from router.errors import ApiError, error_response
 from router.metrics_hub import push_metrics, render_metrics
 from router.openapi import kvroute_openapi
+from router.response_store import ResponseStore
 from router.telemetry import TelemetryMiddleware
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,10 @@ class Ingress:
         self._replica = serve.get_replica_context().replica_id.unique_id
         self._core = RouterCore(self._config, handles)
         self._core.router_id = self._replica
+        cfg = self._config
+        self._responses = ResponseStore.from_url(
+            cfg.index.redis_url, cfg.index.namespace, cfg.responses.store_ttl_s,
+            cfg.responses.max_entry_bytes, cfg.responses.memory_bytes)
         if warning := exposure_warning(self._config.server.host, self._core.auth):
             log.warning(warning)
         self._maintainer = asyncio.get_running_loop().create_task(self._maintain())
@@ -127,6 +132,10 @@ class Ingress:
     async def completions(self, request: Request) -> Response:
         return await openai_routes.completions(self._core, request)
 
+    @app.post("/v1/responses")
+    async def responses(self, request: Request) -> Response:
+        return await responses_routes.create(self._core, self._responses, request)
+
     @app.post("/v1/messages")
     async def messages(self, request: Request) -> Response:
         return await anthropic_routes.messages(self._core, request)
@@ -138,4 +147,5 @@ class Ingress:
     async def __del__(self) -> None:
         self._maintainer.cancel()
         await self._core.close()
+        await self._responses.close()
         shutdown_tracing()

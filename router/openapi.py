@@ -3,7 +3,7 @@
 The routes read their bodies by hand (``router.http_util.parse_body``: one size
 check, one ``json.loads``, errors in each API's own shape), so FastAPI's
 generated document has no request-body schemas. ``kvroute_openapi`` starts from
-FastAPI's document and adds, for the four POST routes:
+FastAPI's document and adds, for the POST routes:
 
 - ``requestBody``: the pydantic request model's JSON schema (validation mode,
   field aliases), with every nested model in ``components/schemas`` and every
@@ -34,6 +34,7 @@ from pydantic.json_schema import models_json_schema
 from router.anthropic_schema import CountTokensRequest, MessagesRequest
 from router.errors import _ANTHROPIC_TYPES, _OPENAI_TYPES
 from router.openai_schema import ChatCompletionRequest, CompletionRequest
+from router.responses_schema import ResponsesRequest
 
 __all__ = ["BODIES", "kvroute_openapi"]
 
@@ -42,6 +43,7 @@ REF = "#/components/schemas/{model}"
 BODIES: dict[str, tuple[type[BaseModel], str]] = {
     "/v1/chat/completions": (ChatCompletionRequest, "OpenAIError"),
     "/v1/completions": (CompletionRequest, "OpenAIError"),
+    "/v1/responses": (ResponsesRequest, "OpenAIError"),
     "/v1/messages": (MessagesRequest, "AnthropicError"),
     "/v1/messages/count_tokens": (CountTokensRequest, "AnthropicError"),
 }
@@ -49,7 +51,8 @@ _ERRORS = {
     400: "Invalid request: malformed JSON, schema violation, bad token ids, unsupported "
          "content, a conversation the chat template cannot render.",
     401: "Missing or wrong API key (only when API keys are configured).",
-    404: "Unknown model or group.",
+    404: "Unknown model or group; on /v1/responses also an unknown or expired "
+         "previous_response_id.",
     413: "Body over the size limit, or prompt plus output limit over the context window.",
     429: "Rate-limited; see the retry-after header.",
     500: "Internal error in the router (a bug: please report it).",

@@ -24,9 +24,10 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.testclient import TestClient
 
 from deploy.config import ModelConfig
-from router import anthropic_routes, openai_routes
+from router import anthropic_routes, openai_routes, responses_routes
 from router.auth import ApiKeyConfig, Authenticator
 from router.errors import ApiError, error_response
+from router.response_store import ResponseStore
 from router.tokenization import ChatTokenizer
 
 HERMES_CALL = '<tool_call>\n{"name": "Read", "arguments": {"file_path": "a.py"}}\n</tool_call>'
@@ -83,6 +84,8 @@ class FakeCore:
         self.calls: list[dict[str, Any]] = []
         self.gens: list[FakeGeneration] = []
         self.auth = Authenticator([])  # open, like a config without keys
+        self.store = ResponseStore(None, "kvroute", ttl_s=60.0, max_entry_bytes=1 << 20,
+                                   memory_bytes=8 << 20)
 
     def resolve(self, model: str) -> dict[str, float]:
         if model not in self.models:
@@ -133,6 +136,10 @@ def make_client(core: FakeCore) -> TestClient:
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
         return await openai_routes.chat_completions(core, request)  # type: ignore[arg-type]
+
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Response:
+        return await responses_routes.create(core, core.store, request)  # type: ignore[arg-type]
 
     return TestClient(app, raise_server_exceptions=False)
 

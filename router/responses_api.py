@@ -1,0 +1,198 @@
+"""OpenAI Responses shapes: the response object, output items and the SSE event sequence.
+
+Streamed, as OpenAI documents it, every event carrying a ``sequence_number``:
+
+    response.created → response.in_progress →
+    (text: output_item.added → content_part.added → output_text.delta* →
+     output_text.done → content_part.done → output_item.done
+     | call: output_item.added → function_call_arguments.delta →
+     function_call_arguments.done → output_item.done)* →
+    response.completed | response.incomplete (output limit) | response.failed
+
+A tool call is sent whole, when the parser has seen all of it (one arguments
+delta), as the chat API does. A call of a ``custom`` (freeform) tool is a
+``custom_tool_call`` item with its ``input``. Usage: ``input_tokens`` is the
+whole prompt and ``input_tokens_details.cached_tokens`` the engine's own count.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+from router.responses_normalize import CUSTOM_INPUT
+from router.responses_schema import ResponsesRequest
+from router.tool_calls import Event, ToolCall
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def usage(final: dict[str, Any] | None, prompt_tokens: int) -> dict[str, Any]:
+    u = (final or {}).get("usage") or {}
+    prompt = int(u.get("prompt_tokens", prompt_tokens))
+    output = int(u.get("completion_tokens", 0))
+    return {"input_tokens": prompt,
+            "input_tokens_details": {"cached_tokens": min(int(u.get("cached_tokens", 0)), prompt)},
+            "output_tokens": output, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": prompt + output}
+
+
+def status(final: dict[str, Any] | None) -> str:
+    """``incomplete`` when the output limit cut the reply, else ``completed``."""
+    return "incomplete" if (final or {}).get("finish_reason") == "length" else "completed"
+
+
+def sse(data: dict[str, Any]) -> bytes:
+    return f"event: {data['type']}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+
+
+class Output:
+    """Output items built from parser events; ``add`` also returns their SSE events.
+
+    ``custom`` names the request's freeform tools; ``single_call`` keeps the first
+    call only (``parallel_tool_calls: false``).
+    """
+
+    def __init__(self, req: ResponsesRequest, rid: str, custom: frozenset[str],
+                 single_call: bool) -> None:
+        self.req, self.id, self.custom, self.single = req, rid, custom, single_call
+        self.items: list[dict[str, Any]] = []
+        self.calls = 0
+        self.created = int(time.time())
+        self._seq = 0
+        self._text_open = False
+
+    def event(self, kind: str, **fields: Any) -> bytes:
+        data = {"type": kind, "sequence_number": self._seq, **fields}
+        self._seq += 1
+        return sse(data)
+
+    def start(self) -> list[bytes]:
+        snapshot = self.response("in_progress", None)
+        return [self.event("response.created", response=snapshot),
+                self.event("response.in_progress", response=snapshot)]
+
+    def add(self, ev: Event) -> list[bytes]:
+        if isinstance(ev, ToolCall):
+            return self._call(ev)
+        out = [] if self._text_open else self._open_text()
+        item = self.items[-1]
+        item["content"][0]["text"] += ev
+        out.append(self.event("response.output_text.delta", item_id=item["id"],
+                              output_index=len(self.items) - 1, content_index=0, delta=ev,
+                              logprobs=[]))
+        return out
+
+    def finish(self, final: dict[str, Any] | None, prompt_tokens: int) -> list[bytes]:
+        """Close the open message; the closing event with the whole response."""
+        out = self._close_text()
+        done = status(final)
+        return [*out, self.event(f"response.{done}", response=self.response(
+            done, usage(final, prompt_tokens)))]
+
+    def failed(self, message: str) -> bytes:
+        body = self.response("failed", None)
+        body["error"] = {"code": "server_error", "message": message}
+        return self.event("response.failed", response=body)
+
+    def response(self, state: str, use: dict[str, Any] | None) -> dict[str, Any]:
+        req = self.req
+        return {
+            "id": self.id, "object": "response", "created_at": self.created, "status": state,
+            "error": None, "model": req.model, "output": [dict(i) for i in self.items],
+            "incomplete_details": {"reason": "max_output_tokens"}
+            if state == "incomplete" else None,
+            "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
+            "parallel_tool_calls": req.parallel_tool_calls is not False,
+            "previous_response_id": req.previous_response_id,
+            "reasoning": {"effort": None, "summary": None}, "store": req.store,
+            "temperature": 1.0 if req.temperature is None else req.temperature,
+            "top_p": 1.0 if req.top_p is None else req.top_p,
+            "text": {"format": {"type": "text"}},
+            "tool_choice": req.tool_choice.model_dump() if hasattr(req.tool_choice, "model_dump")
+            else (req.tool_choice or "auto"),
+            "tools": [t.model_dump(by_alias=True, exclude_none=True) for t in req.tools or ()],
+            "truncation": "disabled", "usage": use, "user": req.user,
+            "metadata": req.metadata or {}, "output_text": self.text(),
+        }
+
+    def text(self) -> str:
+        return "".join(c["text"] for i in self.items if i["type"] == "message"
+                       for c in i["content"])
+
+    def _open_text(self) -> list[bytes]:
+        item = {"id": new_id("msg"), "type": "message", "role": "assistant",
+                "status": "in_progress", "content": []}
+        self.items.append(item)
+        self._text_open = True
+        index = len(self.items) - 1
+        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        out = [self.event("response.output_item.added", output_index=index, item=dict(item))]
+        item["content"].append(part)
+        out.append(self.event("response.content_part.added", item_id=item["id"],
+                              output_index=index, content_index=0, part=dict(part)))
+        return out
+
+    def _close_text(self) -> list[bytes]:
+        if not self._text_open:
+            return []
+        self._text_open = False
+        item, index = self.items[-1], len(self.items) - 1
+        item["status"] = "completed"
+        part = item["content"][0]
+        return [
+            self.event("response.output_text.done", item_id=item["id"], output_index=index,
+                       content_index=0, text=part["text"], logprobs=[]),
+            self.event("response.content_part.done", item_id=item["id"], output_index=index,
+                       content_index=0, part=dict(part)),
+            self.event("response.output_item.done", output_index=index, item=item),
+        ]
+
+    def _call(self, call: ToolCall) -> list[bytes]:
+        if self.single and self.calls:
+            return []
+        self.calls += 1
+        out = self._close_text()
+        index, call_id = len(self.items), f"call_{uuid.uuid4().hex[:24]}"
+        if call.name in self.custom:
+            value = call.arguments.get(CUSTOM_INPUT)
+            text = value if isinstance(value, str) else call.arguments_json()
+            item = {"id": new_id("ctc"), "type": "custom_tool_call", "status": "completed",
+                    "call_id": call_id, "name": call.name, "input": text}
+            self.items.append(item)
+            return [*out, self.event("response.output_item.added", output_index=index,
+                                     item={**item, "input": ""}),
+                    self.event("response.custom_tool_call_input.delta", item_id=item["id"],
+                               output_index=index, delta=text),
+                    self.event("response.custom_tool_call_input.done", item_id=item["id"],
+                               output_index=index, input=text),
+                    self.event("response.output_item.done", output_index=index, item=item)]
+        args = call.arguments_json()
+        item = {"id": new_id("fc"), "type": "function_call", "status": "completed",
+                "call_id": call_id, "name": call.name, "arguments": args}
+        self.items.append(item)
+        return [*out, self.event("response.output_item.added", output_index=index,
+                                 item={**item, "status": "in_progress", "arguments": ""}),
+                self.event("response.function_call_arguments.delta", item_id=item["id"],
+                           output_index=index, delta=args),
+                self.event("response.function_call_arguments.done", item_id=item["id"],
+                           output_index=index, name=call.name, arguments=args),
+                self.event("response.output_item.done", output_index=index, item=item)]
+
+    def conversation_tail(self) -> dict[str, Any] | None:
+        """This response as the assistant message of the stored conversation."""
+        if not self.items:
+            return None
+        calls = [{"id": i["call_id"], "type": "function",
+                  "function": {"name": i["name"], "arguments":
+                               {CUSTOM_INPUT: i["input"]} if i["type"] == "custom_tool_call"
+                               else json.loads(i["arguments"])}}
+                 for i in self.items if i["type"] != "message"]
+        msg: dict[str, Any] = {"role": "assistant", "content": self.text()}
+        if calls:
+            msg["tool_calls"] = calls
+        return msg

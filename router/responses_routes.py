@@ -1,0 +1,131 @@
+"""The OpenAI Responses endpoint: POST /v1/responses (what Codex speaks).
+
+One request, on the same core as chat: parse (``router.responses_schema``) → the
+stored conversation of ``previous_response_id``, if any (404 when unknown or
+expired) → normalise into the chat template's input
+(``router.responses_normalize``) → render and tokenize once → ``RouterCore.generate``
+→ parse tool calls → reply as a response object or as SSE events
+(``router.responses_api``) → with ``store`` (OpenAI's default), keep the
+conversation for ``previous_response_id`` (``router.response_store``).
+
+``store: false`` (what Codex sends, with the whole conversation every turn) keeps
+nothing. ``max_output_tokens`` is checked against the context window like chat's
+``max_tokens`` (413 when it cannot fit). ``reasoning``, ``text.verbosity``,
+``include`` and ``service_tier`` are accepted and have no effect: kvroute's models
+do not reason aloud. A client that disconnects closes the generation, which aborts
+it on the worker.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from router import tool_calls as tc
+from router.core import Generation, RouterCore
+from router.errors import ApiError
+from router.http_util import (
+    encode_prompt,
+    forwarded_headers,
+    output_budget,
+    parse_body,
+    request_id,
+    routing_headers,
+    sampling,
+)
+from router.identity import session_key
+from router.response_store import ResponseStore, StoredResponse
+from router.responses_api import Output, new_id, status, usage
+from router.responses_normalize import custom_tool_names, to_chat
+from router.responses_schema import ResponsesRequest
+
+log = logging.getLogger(__name__)
+
+
+async def create(core: RouterCore, store: ResponseStore, request: Request) -> Response:
+    key = core.auth.authenticate(request.headers)  # 401 before reading the body
+    req = await parse_body(request, ResponsesRequest)
+    history = await _history(store, req)
+    tok = core.tokenizer(req.model)
+    prompt, conversation = to_chat(req, history, tok.system_in_place)
+    ids = encode_prompt(tok, prompt)
+    budget = output_budget(core, req.model, len(ids), req.max_output_tokens)
+    params = sampling(budget, req.temperature, req.top_p, (), None)
+    session = session_key(request.headers, prompt_cache_key=req.prompt_cache_key,
+                          tenant=key.name if key else None)
+    gen = await core.generate(req.model, ids, params, request_id("resp"),
+                              forwarded_headers(request), session, api_key=key,
+                              has_tools=bool(req.tools))
+    parser = None
+    if req.parses_tools():
+        parser = tc.make_parser(tc.family_for_model(core.primary(req.model).model_path))
+    out = Output(req, new_id("resp"), custom_tool_names(req),
+                 single_call=req.parallel_tool_calls is False)
+    reply = _Reply(gen, out, parser, store if req.store else None, conversation)
+    headers = routing_headers(gen)
+    if req.stream:
+        return StreamingResponse(reply.stream(), media_type="text/event-stream",
+                                 headers={**headers, "cache-control": "no-cache"})
+    return JSONResponse(await reply.collect(), headers=headers)
+
+
+async def _history(store: ResponseStore, req: ResponsesRequest) -> list[dict]:
+    if req.previous_response_id is None:
+        return []
+    stored = await store.get(req.previous_response_id)
+    if stored is None:
+        raise ApiError(404, f"previous response {req.previous_response_id!r} not found (unknown "
+                       "or expired, or created with store: false)", "response_not_found",
+                       "previous_response_id")
+    return stored.messages
+
+
+class _Reply:
+    """One generation turned into a response, whole or streamed, then stored."""
+
+    def __init__(self, gen: Generation, out: Output, parser: tc.MarkerParser | None,
+                 store: ResponseStore | None, conversation: list[dict]) -> None:
+        self.gen, self.out, self.parser = gen, out, parser
+        self.store, self.conversation = store, conversation
+
+    async def collect(self) -> dict:
+        try:
+            async for ev in tc.events(self.gen.messages(), self.parser):
+                self.out.add(ev)
+        except Exception as e:  # the replica failed mid-generation: retryable for the client
+            log.warning("response %s failed: %r", self.out.id, e)
+            raise ApiError(503, f"generation failed on replica {self.gen.replica}",
+                           "replica_failed") from None
+        finally:
+            self.gen.close()  # also when the client went away: aborts the worker's generation
+        await self._keep()
+        final = self.gen.final
+        return self.out.response(status(final), usage(final, self.gen.prompt_tokens))
+
+    async def stream(self) -> AsyncIterator[bytes]:
+        for event in self.out.start():
+            yield event
+        try:
+            async for ev in tc.events(self.gen.messages(), self.parser):
+                for event in self.out.add(ev):
+                    yield event
+            closing = self.out.finish(self.gen.final, self.gen.prompt_tokens)
+        except Exception as e:  # a replica died mid-stream: response.failed ends the stream
+            log.warning("stream %s failed: %r", self.out.id, e)
+            yield self.out.failed(f"generation failed on replica {self.gen.replica}")
+            return
+        finally:
+            self.gen.close()  # also on client disconnect: aborts the worker's generation
+        await self._keep()  # before the closing event: a client may continue at once
+        for event in closing:
+            yield event
+
+    async def _keep(self) -> None:
+        if self.store is None:
+            return
+        tail = self.out.conversation_tail()
+        messages = [*self.conversation, *([tail] if tail else [])]
+        await self.store.put(self.out.id, StoredResponse(self.out.req.model, messages))

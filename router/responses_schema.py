@@ -1,0 +1,209 @@
+"""OpenAI Responses request schema (the subset kvroute serves), validated by pydantic.
+
+As with the other APIs, unknown top-level fields and unknown fields inside known
+items are ignored (Codex adds fields often), and known fields are checked
+strictly. ``input`` items are a union tagged by ``type`` (a bare
+``{"role", "content"}`` is a ``message``): an unknown item type, content part
+type or tool type is a 400 naming it. ``input_image`` / ``input_file`` parts
+parse so the error can say why they are refused (text-only models,
+``router.responses_normalize``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    model_validator,
+)
+
+from router.openai_schema import JsonSchemaFormat, ResponseFormat
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class TextPart(_Lenient):
+    """``input_text`` (user, system, developer) and ``output_text`` (assistant)."""
+
+    type: Literal["input_text", "output_text", "text", "summary_text"]
+    text: str
+
+
+class RefusalPart(_Lenient):
+    type: Literal["refusal"]
+    refusal: str = ""
+
+
+class ImagePart(_Lenient):
+    type: Literal["input_image"]
+
+
+class FilePart(_Lenient):
+    type: Literal["input_file", "input_audio"]
+
+
+Part = Annotated[TextPart | RefusalPart | ImagePart | FilePart, Field(discriminator="type")]
+
+
+class MessageItem(_Lenient):
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[Part]
+
+
+class FunctionCallItem(_Lenient):
+    type: Literal["function_call"]
+    call_id: str = Field(min_length=1, max_length=256)
+    name: str = Field(min_length=1, max_length=128)
+    arguments: str = "{}"
+
+
+class FunctionCallOutputItem(_Lenient):
+    type: Literal["function_call_output"]
+    call_id: str = Field(min_length=1, max_length=256)
+    output: str | list[Part] = ""
+
+
+class CustomToolCallItem(_Lenient):
+    """A call of a freeform (``custom``) tool, such as Codex's ``apply_patch``."""
+
+    type: Literal["custom_tool_call"]
+    call_id: str = Field(min_length=1, max_length=256)
+    name: str = Field(min_length=1, max_length=128)
+    input: str = ""
+
+
+class CustomToolCallOutputItem(_Lenient):
+    type: Literal["custom_tool_call_output"]
+    call_id: str = Field(min_length=1, max_length=256)
+    output: str | list[Part] = ""
+
+
+class ReasoningItem(_Lenient):
+    """Earlier reasoning: dropped from the prompt (as thinking blocks are)."""
+
+    type: Literal["reasoning"]
+
+
+def _item_type(value: Any) -> str:
+    """The item's tag; bracketed, so a 400 names ``input.N.field``, not the tag (the
+    error path drops union labels, ``router.http_util``)."""
+    kind = value.get("type", "message") if isinstance(value, dict) \
+        else getattr(value, "type", "message")
+    return f"[{kind}]"
+
+
+InputItem = Annotated[
+    Annotated[MessageItem, Tag("[message]")]
+    | Annotated[FunctionCallItem, Tag("[function_call]")]
+    | Annotated[FunctionCallOutputItem, Tag("[function_call_output]")]
+    | Annotated[CustomToolCallItem, Tag("[custom_tool_call]")]
+    | Annotated[CustomToolCallOutputItem, Tag("[custom_tool_call_output]")]
+    | Annotated[ReasoningItem, Tag("[reasoning]")],
+    Discriminator(_item_type),
+]
+
+
+class FunctionTool(_Lenient):
+    type: Literal["function"]
+    name: str = Field(min_length=1, max_length=128)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class CustomTool(_Lenient):
+    """A freeform tool: the model writes its input as plain text (Codex's ``apply_patch``).
+
+    Offered to the model as a function with one string parameter, ``input``; a call
+    comes back as a ``custom_tool_call`` item. A grammar ``format`` is described,
+    not enforced (decoding is not constrained).
+    """
+
+    type: Literal["custom"]
+    name: str = Field(min_length=1, max_length=128)
+    description: str | None = None
+    format: dict[str, Any] | None = None
+
+
+class HostedTool(_Lenient):
+    """A tool OpenAI runs itself (web search, file search, ...): kvroute cannot run it."""
+
+    type: Literal["web_search", "web_search_preview", "file_search", "code_interpreter",
+                  "computer_use_preview", "image_generation", "mcp", "local_shell", "shell",
+                  "apply_patch", "tool_search", "namespace"]
+
+
+Tool = Annotated[FunctionTool | CustomTool | HostedTool, Field(discriminator="type")]
+
+
+class NamedTool(_Lenient):
+    type: Literal["function", "custom"]
+    name: str = Field(min_length=1)
+
+
+class TextFormat(_Lenient):
+    """``text.format``: the Responses spelling of chat's ``response_format``."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: str = "response"
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> TextFormat:
+        try:  # the chat API's rules (a strict json_schema is refused) at parse time
+            self.as_response_format()
+        except ValidationError as e:
+            raise ValueError(e.errors()[0]["msg"].removeprefix("Value error, ")) from None
+        return self
+
+    def as_response_format(self) -> ResponseFormat:
+        if self.type != "json_schema":
+            return ResponseFormat(type=self.type)
+        schema = JsonSchemaFormat(name=self.name, schema=self.schema_, strict=self.strict,
+                                  description=self.description)
+        return ResponseFormat(type="json_schema", json_schema=schema)
+
+
+class TextConfig(_Lenient):
+    format: TextFormat | None = None
+    verbosity: str | None = None  # accepted; the engines have no verbosity control
+
+
+class ResponsesRequest(_Lenient):
+    model: str = Field(min_length=1)
+    input: str | list[InputItem] = Field(description="A string, or a list of input items.")
+    instructions: str | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedTool | None = None
+    parallel_tool_calls: bool | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    text: TextConfig | None = None
+    reasoning: dict[str, Any] | None = None  # accepted; kvroute's models do not reason aloud
+    metadata: dict[str, str] | None = Field(None, max_length=16)
+    user: str | None = None
+    prompt_cache_key: str | None = None
+    store: bool = True
+    previous_response_id: str | None = Field(None, min_length=1, max_length=256)
+    stream: bool = False
+
+    def items(self) -> list[Any]:
+        """``input`` as items: a string is one user message."""
+        if isinstance(self.input, str):
+            return [MessageItem(role="user", content=self.input)]
+        return list(self.input)
+
+    def parses_tools(self) -> bool:
+        return bool(self.tools) and self.tool_choice != "none"
