@@ -34,8 +34,6 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from tokenizers import Tokenizer
 
-from router.tokenization import resolve_model_dir
-
 _INCOMPLETE = "\ufffd"  # what the decoder gives for a partial UTF-8 sequence
 
 
@@ -110,7 +108,7 @@ class SimScript:
         except (OSError, json.JSONDecodeError, ValidationError) as e:
             raise ValueError(f"sim script {path}: {e}") from e
         try:
-            tok = Tokenizer.from_file(str(resolve_model_dir(model_path) / "tokenizer.json"))
+            tok = Tokenizer.from_file(str(Path(model_path).expanduser() / "tokenizer.json"))
         except Exception as e:  # the tokenizers library raises bare Exceptions
             raise ValueError(f"sim script {path}: no tokenizer for {model_path!r}: {e}") from e
         try:
