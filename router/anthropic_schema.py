@@ -74,12 +74,16 @@ class Message(_Lenient):
 
 
 class Tool(_Lenient):
-    """A client tool. Server tools (``web_search_…``, ``bash_…``) carry another ``type``."""
+    """A client tool. Server tools (``web_search_…``, ``bash_…``) carry another ``type``.
+
+    ``defer_loading`` (tool search): the tool is not in the prompt until a search
+    result names it; Claude Code's ``ToolSearch`` returns found definitions as text."""
 
     type: str | None = None
     name: str = Field(min_length=1, max_length=128)
     description: str | None = None
     input_schema: dict[str, Any] | None = None
+    defer_loading: bool = False
 
 
 class ToolChoice(_Lenient):
@@ -113,7 +117,10 @@ class CountTokensRequest(_Lenient):
     system: str | list[TextBlock] | None = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
-    thinking: dict[str, Any] | None = None  # accepted; kvroute models do not think aloud
+    # Accepted and not applied (docs/api.md): kvroute's models do not think aloud, and
+    # context edits (clearing old thinking or tool results) would move the cached prefix.
+    thinking: dict[str, Any] | None = None
+    context_management: dict[str, Any] | None = None
     output_config: OutputConfig | None = None
 
 

@@ -22,7 +22,12 @@ What is normalised (documented for users in docs/api.md):
    same (blocks are joined with ``"\\n"``), as do system as a string and as blocks
    (joined with ``"\\n\\n"``).
 5. Tools keep only ``name``, ``description`` and ``input_schema`` (as the
-   OpenAI-style function list the templates expect), in the client's order.
+   OpenAI-style function list the templates expect), in the client's order; tools
+   with ``defer_loading`` are left out, as Anthropic's tool search does (Claude
+   Code's ``ToolSearch`` returns their definitions as text when the model asks).
+6. ``system`` messages inside ``messages`` (Claude Code's environment block) stay
+   where they are when the template renders them there, else become user text
+   (``place_system``).
 
 Not normalised, on purpose: anything with meaning for the model (dates,
 ``<system-reminder>`` text, git status in Claude Code's system prompt, tool
@@ -147,6 +152,8 @@ def template_tools(tools: list[Tool] | None) -> list[dict[str, Any]] | None:
         return None
     out = []
     for i, t in enumerate(tools):
+        if t.defer_loading:  # not in the prompt until a tool search names it
+            continue
         if t.type not in (None, "custom") or t.input_schema is None:
             raise ApiError(400, f"tools.{i}: server tool {t.type or t.name!r} is not supported; "
                            "kvroute serves client tools (name, description, input_schema)",
@@ -156,7 +163,7 @@ def template_tools(tools: list[Tool] | None) -> list[dict[str, Any]] | None:
             fn["description"] = t.description
         fn["parameters"] = t.input_schema
         out.append({"type": "function", "function": fn})
-    return out
+    return out or None
 
 
 def _blocks(msg: Message) -> list[Any]:

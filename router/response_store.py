@@ -31,18 +31,25 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class StoredResponse:
+    """The conversation (``router.responses_normalize.Conversation``'s fields) and model."""
+
     model: str
     messages: list[dict[str, Any]]
+    listed_tools: list[dict[str, Any]]
+    loaded_tools: list[dict[str, Any]]
 
     def encode(self) -> bytes:
-        body = json.dumps({"model": self.model, "messages": self.messages},
+        body = json.dumps({"model": self.model, "messages": self.messages,
+                           "listed_tools": self.listed_tools,
+                           "loaded_tools": self.loaded_tools},
                           separators=(",", ":"), ensure_ascii=False)
         return zlib.compress(body.encode(), 1)
 
     @classmethod
     def decode(cls, blob: bytes) -> StoredResponse:
         data = json.loads(zlib.decompress(blob))
-        return cls(str(data["model"]), list(data["messages"]))
+        return cls(str(data["model"]), list(data["messages"]), list(data["listed_tools"]),
+                   list(data["loaded_tools"]))
 
 
 class ResponseStore:

@@ -10,9 +10,11 @@ Streamed, as OpenAI documents it, every event carrying a ``sequence_number``:
     response.completed | response.incomplete (output limit) | response.failed
 
 A tool call is sent whole, when the parser has seen all of it (one arguments
-delta), as the chat API does. A call of a ``custom`` (freeform) tool is a
-``custom_tool_call`` item with its ``input``. Usage: ``input_tokens`` is the
-whole prompt and ``input_tokens_details.cached_tokens`` the engine's own count.
+delta), as the chat API does. A call comes back in the shape its tool was offered
+in (``router.responses_tools``): ``function_call``, ``custom_tool_call`` with its
+``input`` or ``tool_search_call``, with ``namespace`` when it has one. Usage:
+``input_tokens`` is the whole prompt and ``input_tokens_details.cached_tokens`` the
+engine's own count.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ import time
 import uuid
 from typing import Any
 
-from router.responses_normalize import CUSTOM_INPUT
 from router.responses_schema import ResponsesRequest
+from router.responses_tools import CUSTOM_INPUT, TOOL_SEARCH, ToolCatalog, template_name
 from router.tool_calls import Event, ToolCall
 
 
@@ -53,13 +55,14 @@ def sse(data: dict[str, Any]) -> bytes:
 class Output:
     """Output items built from parser events; ``add`` also returns their SSE events.
 
-    ``custom`` names the request's freeform tools; ``single_call`` keeps the first
-    call only (``parallel_tool_calls: false``).
+    ``catalog`` says what each called name stands for (a function, a freeform tool, a
+    tool search, in a namespace or not); ``single_call`` keeps the first call only
+    (``parallel_tool_calls: false``).
     """
 
-    def __init__(self, req: ResponsesRequest, rid: str, custom: frozenset[str],
+    def __init__(self, req: ResponsesRequest, rid: str, catalog: ToolCatalog,
                  single_call: bool) -> None:
-        self.req, self.id, self.custom, self.single = req, rid, custom, single_call
+        self.req, self.id, self.catalog, self.single = req, rid, catalog, single_call
         self.items: list[dict[str, Any]] = []
         self.calls = 0
         self.created = int(time.time())
@@ -158,29 +161,34 @@ class Output:
         self.calls += 1
         out = self._close_text()
         index, call_id = len(self.items), f"call_{uuid.uuid4().hex[:24]}"
-        if call.name in self.custom:
-            value = call.arguments.get(CUSTOM_INPUT)
-            text = value if isinstance(value, str) else call.arguments_json()
-            item = {"id": new_id("ctc"), "type": "custom_tool_call", "status": "completed",
-                    "call_id": call_id, "name": call.name, "input": text}
+        ref = self.catalog.ref(call.name)
+        item: dict[str, Any] = {"id": "", "type": "", "status": "completed", "call_id": call_id}
+        if ref.kind == "tool_search":
+            item.update(id=new_id("tsc"), type="tool_search_call", execution="client",
+                        arguments=call.arguments)
             self.items.append(item)
             return [*out, self.event("response.output_item.added", output_index=index,
-                                     item={**item, "input": ""}),
-                    self.event("response.custom_tool_call_input.delta", item_id=item["id"],
-                               output_index=index, delta=text),
-                    self.event("response.custom_tool_call_input.done", item_id=item["id"],
-                               output_index=index, input=text),
+                                     item={**item, "status": "in_progress"}),
                     self.event("response.output_item.done", output_index=index, item=item)]
-        args = call.arguments_json()
-        item = {"id": new_id("fc"), "type": "function_call", "status": "completed",
-                "call_id": call_id, "name": call.name, "arguments": args}
+        if ref.namespace:
+            item["namespace"] = ref.namespace
+        if ref.kind == "custom":
+            value = call.arguments.get(CUSTOM_INPUT)
+            text = value if isinstance(value, str) else call.arguments_json()
+            item.update(id=new_id("ctc"), type="custom_tool_call", name=ref.name, input=text)
+            kind, empty, done = "custom_tool_call_input", {"input": ""}, {"input": text}
+        else:
+            text = call.arguments_json()
+            item.update(id=new_id("fc"), type="function_call", name=ref.name, arguments=text)
+            kind, empty, done = "function_call_arguments", {"arguments": ""}, {"arguments": text}
+            done["name"] = ref.name
         self.items.append(item)
         return [*out, self.event("response.output_item.added", output_index=index,
-                                 item={**item, "status": "in_progress", "arguments": ""}),
-                self.event("response.function_call_arguments.delta", item_id=item["id"],
-                           output_index=index, delta=args),
-                self.event("response.function_call_arguments.done", item_id=item["id"],
-                           output_index=index, name=call.name, arguments=args),
+                                 item={**item, "status": "in_progress", **empty}),
+                self.event(f"response.{kind}.delta", item_id=item["id"], output_index=index,
+                           delta=text),
+                self.event(f"response.{kind}.done", item_id=item["id"], output_index=index,
+                           **done),
                 self.event("response.output_item.done", output_index=index, item=item)]
 
     def conversation_tail(self) -> dict[str, Any] | None:
@@ -188,11 +196,23 @@ class Output:
         if not self.items:
             return None
         calls = [{"id": i["call_id"], "type": "function",
-                  "function": {"name": i["name"], "arguments":
-                               {CUSTOM_INPUT: i["input"]} if i["type"] == "custom_tool_call"
-                               else json.loads(i["arguments"])}}
+                  "function": {"name": _template_call_name(i), "arguments": _call_args(i)}}
                  for i in self.items if i["type"] != "message"]
         msg: dict[str, Any] = {"role": "assistant", "content": self.text()}
         if calls:
             msg["tool_calls"] = calls
         return msg
+
+
+def _template_call_name(item: dict[str, Any]) -> str:
+    if item["type"] == "tool_search_call":
+        return TOOL_SEARCH
+    return template_name(item["name"], item.get("namespace"))
+
+
+def _call_args(item: dict[str, Any]) -> Any:
+    if item["type"] == "custom_tool_call":
+        return {CUSTOM_INPUT: item["input"]}
+    if item["type"] == "tool_search_call":
+        return item["arguments"]
+    return json.loads(item["arguments"])

@@ -8,129 +8,157 @@ Either way the rendered prompt of turn N+1 must start with turn N's, so:
   lines stripped as on the other APIs; ``developer`` and ``system`` messages are
   system messages (``router.normalize.place_system`` merges the leading ones and
   keeps later ones where the template can render them);
+- tools (``router.responses_tools``): the request's ``tools``, then those of
+  ``additional_tools`` items that come before the conversation starts, form the
+  template's tool list, in that order on every turn; tools that arrive later
+  (``additional_tools`` mid-conversation, a client ``tool_search_output``) are
+  rendered where they arrive, as text, so the prefix before them never moves;
 - ``reasoning`` items are dropped (their encrypted content is request-specific,
   and kvroute's models do not reason aloud);
-- ``function_call`` items join the assistant message before them as its
-  ``tool_calls`` (arguments as mappings, as templates expect), and each
-  ``function_call_output`` is a ``role: "tool"`` message naming its call;
-- ``custom`` (freeform) tools are offered as functions of one string parameter,
-  ``input``, and their calls and outputs map the same way.
+- calls (``function_call``, ``custom_tool_call``, ``tool_search_call``) join the
+  assistant message before them as its ``tool_calls`` (arguments as mappings, as
+  templates expect), and each output is a ``role: "tool"`` message naming its call.
 
-Refused with a 400 naming the field: images, files and audio (text-only models),
-an output whose ``call_id`` matches no earlier call, hosted tools kvroute cannot
-run (web search, file search, ...).
+Refused with a 400 naming the field: images, files and audio (text-only models), an
+output whose ``call_id`` matches no earlier call, hosted tools kvroute cannot run.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+from dataclasses import dataclass, field
 from typing import Any
+
+from pydantic import TypeAdapter
 
 from router.errors import ApiError
 from router.normalize import ChatPrompt, place_system, strip_volatile
 from router.responses_schema import (
-    CustomTool,
+    AdditionalToolsItem,
     CustomToolCallItem,
     CustomToolCallOutputItem,
     FilePart,
     FunctionCallItem,
     FunctionCallOutputItem,
-    FunctionTool,
     ImagePart,
     MessageItem,
     Part,
     RefusalPart,
     ResponsesRequest,
     TextPart,
+    Tool,
+    ToolSearchCallItem,
+    ToolSearchOutputItem,
 )
+from router.responses_tools import CUSTOM_INPUT, TOOL_SEARCH, ToolCatalog, template_name
 
-CUSTOM_INPUT = "input"  # the one parameter a freeform tool is offered with
+_TOOLS = TypeAdapter(list[Tool])
 
 
-def to_chat(req: ResponsesRequest, history: list[dict[str, Any]], system_in_place: bool
-            ) -> tuple[ChatPrompt, list[dict[str, Any]]]:
-    """(the template's input, the conversation to store: history + this input, no system
-    prompt). ``history`` is the stored conversation of ``previous_response_id``."""
-    conversation = [dict(m) for m in history]
-    calls = {c["id"]: c["function"]["name"] for m in conversation
+@dataclass
+class Conversation:
+    """What a stored response keeps: template messages (no system prompt) and the raw
+    tools that came with items (``listed``: in the tool list; ``loaded``: in place)."""
+
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    listed: list[dict[str, Any]] = field(default_factory=list)
+    loaded: list[dict[str, Any]] = field(default_factory=list)
+
+
+def to_chat(req: ResponsesRequest, history: Conversation, system_in_place: bool
+            ) -> tuple[ChatPrompt, Conversation, ToolCatalog]:
+    """(the template's input, the conversation to store, the tools as offered)."""
+    conv = Conversation([dict(m) for m in history.messages], list(history.listed),
+                        list(history.loaded))
+    catalog = ToolCatalog()
+    catalog.listed = catalog.add(req.tools or [], "tools")
+    catalog.listed += catalog.add(_TOOLS.validate_python(conv.listed), "tools")
+    catalog.add(_TOOLS.validate_python(conv.loaded), "tools")
+    calls = {c["id"]: c["function"]["name"] for m in conv.messages
              for c in m.get("tool_calls", ())}
     for i, item in enumerate(req.items()):
-        _append(conversation, item, f"input.{i}", calls)
-    messages = list(conversation)
+        _append(conv, catalog, item, f"input.{i}", calls)
+    messages = list(conv.messages)
     if req.instructions:
         messages.insert(0, {"role": "system", "content": strip_volatile(req.instructions)})
     if req.text and req.text.format and (note := req.text.format.as_response_format()
                                          .instruction()):
         messages.insert(0, {"role": "system", "content": note})
-    return ChatPrompt(place_system(messages, system_in_place), template_tools(req)), conversation
+    prompt = ChatPrompt(place_system(messages, system_in_place), catalog.listed or None)
+    return prompt, conv, catalog
 
 
-def template_tools(req: ResponsesRequest) -> list[dict[str, Any]] | None:
-    if not req.tools:
-        return None
-    out = []
-    for i, tool in enumerate(req.tools):
-        if isinstance(tool, FunctionTool):
-            fn: dict[str, Any] = {"name": tool.name}
-            if tool.description:
-                fn["description"] = tool.description
-            fn["parameters"] = tool.parameters or {"type": "object", "properties": {}}
-        elif isinstance(tool, CustomTool):
-            fn = {"name": tool.name, "description": _custom_description(tool),
-                  "parameters": {"type": "object", "required": [CUSTOM_INPUT],
-                                 "properties": {CUSTOM_INPUT: {"type": "string"}}}}
-        else:
-            raise ApiError(400, f"tools.{i}: hosted tool {tool.type!r} is not supported: "
-                           "kvroute serves function and custom tools, which the client runs",
-                           "unsupported_tool", f"tools.{i}.type")
-        out.append({"type": "function", "function": fn})
-    return out
-
-
-def custom_tool_names(req: ResponsesRequest) -> frozenset[str]:
-    return frozenset(t.name for t in req.tools or () if isinstance(t, CustomTool))
-
-
-def _custom_description(tool: CustomTool) -> str:
-    text = tool.description or ""
-    fmt = tool.format or {}
-    if fmt.get("type") == "grammar" and isinstance(fmt.get("definition"), str):
-        text += (f"\n\nWrite `{CUSTOM_INPUT}` in this {fmt.get('syntax', 'grammar')} "
-                 f"grammar:\n{fmt['definition']}")
-    return text.strip()
-
-
-def _append(conv: list[dict[str, Any]], item: Any, where: str, calls: dict[str, str]) -> None:
+def _append(conv: Conversation, catalog: ToolCatalog, item: Any, where: str,
+            calls: dict[str, str]) -> None:
     if isinstance(item, MessageItem):
         role = "system" if item.role == "developer" else item.role
-        conv.append({"role": role, "content": _text(item.content, f"{where}.content")})
-    elif isinstance(item, FunctionCallItem | CustomToolCallItem):
-        _call(conv, item)
-        calls[item.call_id] = item.name
+        conv.messages.append({"role": role, "content": _text(item.content, f"{where}.content")})
+    elif isinstance(item, AdditionalToolsItem):
+        _more_tools(conv, catalog, item.tools, f"{where}.tools", None)
+    elif isinstance(item, FunctionCallItem | CustomToolCallItem | ToolSearchCallItem):
+        calls[_call(conv, item, where)] = _call_name(item)
     elif isinstance(item, FunctionCallOutputItem | CustomToolCallOutputItem):
-        if item.call_id not in calls:
-            raise ApiError(400, f"{where}.call_id: no function_call with call_id "
-                           f"{item.call_id!r} comes before this output",
-                           "invalid_request", f"{where}.call_id")
-        conv.append({"role": "tool", "tool_call_id": item.call_id, "name": calls[item.call_id],
-                     "content": _text(item.output, f"{where}.output")})
+        name = _called(calls, item.call_id, where)
+        conv.messages.append({"role": "tool", "tool_call_id": item.call_id, "name": name,
+                              "content": _text(item.output, f"{where}.output")})
+    elif isinstance(item, ToolSearchOutputItem):
+        call = _called(calls, item.call_id, where) if item.call_id else None
+        _more_tools(conv, catalog, item.tools, f"{where}.tools", item.call_id if call else None)
     # reasoning: dropped (see the module docstring)
 
 
-def _call(conv: list[dict[str, Any]], item: FunctionCallItem | CustomToolCallItem) -> None:
+def _more_tools(conv: Conversation, catalog: ToolCatalog, tools: list[Any], where: str,
+                call_id: str | None) -> None:
+    """Tools arriving with an item: listed before the conversation starts, else in place
+    (as the output of the search that loaded them, or as a system note)."""
+    raw = [t.model_dump(by_alias=True, exclude_none=True) for t in tools]
+    fns = catalog.add(tools, where)
+    if call_id is None and not any(m["role"] != "system" for m in conv.messages):
+        catalog.listed += fns
+        conv.listed += raw
+        return
+    conv.loaded += raw
+    text = "\n".join(json.dumps(f["function"], ensure_ascii=False) for f in fns)
+    if call_id is not None:
+        conv.messages.append({"role": "tool", "tool_call_id": call_id, "name": TOOL_SEARCH,
+                              "content": text})
+    elif fns:
+        conv.messages.append({"role": "system",
+                              "content": f"These tools can be called from now on:\n{text}"})
+
+
+def _call_name(item: FunctionCallItem | CustomToolCallItem | ToolSearchCallItem) -> str:
+    if isinstance(item, ToolSearchCallItem):
+        return TOOL_SEARCH
+    return template_name(item.name, item.namespace)
+
+
+def _call(conv: Conversation, item: Any, where: str) -> str:
     if isinstance(item, CustomToolCallItem):
         args: Any = {CUSTOM_INPUT: item.input}
+    elif isinstance(item, ToolSearchCallItem):
+        args = item.arguments if isinstance(item.arguments, dict) else {}
     else:
         args = item.arguments
         with contextlib.suppress(json.JSONDecodeError):
             args = json.loads(item.arguments)
-    call = {"id": item.call_id, "type": "function",
-            "function": {"name": item.name, "arguments": args}}
-    if conv and conv[-1]["role"] == "assistant":  # the text before the call, or earlier calls
-        conv[-1].setdefault("tool_calls", []).append(call)
+    call_id = item.call_id or f"{where}.call"
+    call = {"id": call_id, "type": "function",
+            "function": {"name": _call_name(item), "arguments": args}}
+    msgs = conv.messages
+    if msgs and msgs[-1]["role"] == "assistant":  # the text before the call, or earlier calls
+        msgs[-1].setdefault("tool_calls", []).append(call)
     else:
-        conv.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        msgs.append({"role": "assistant", "content": "", "tool_calls": [call]})
+    return call_id
+
+
+def _called(calls: dict[str, str], call_id: str, where: str) -> str:
+    if call_id not in calls:
+        raise ApiError(400, f"{where}.call_id: no call with call_id {call_id!r} comes before "
+                       "this output", "invalid_request", f"{where}.call_id")
+    return calls[call_id]
 
 
 def _text(content: str | list[Part], where: str) -> str:

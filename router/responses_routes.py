@@ -39,7 +39,7 @@ from router.http_util import (
 from router.identity import session_key
 from router.response_store import ResponseStore, StoredResponse
 from router.responses_api import Output, new_id, status, usage
-from router.responses_normalize import custom_tool_names, to_chat
+from router.responses_normalize import Conversation, to_chat
 from router.responses_schema import ResponsesRequest
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ async def create(core: RouterCore, store: ResponseStore, request: Request) -> Re
     req = await parse_body(request, ResponsesRequest)
     history = await _history(store, req)
     tok = core.tokenizer(req.model)
-    prompt, conversation = to_chat(req, history, tok.system_in_place)
+    prompt, conversation, catalog = to_chat(req, history, tok.system_in_place)
     ids = encode_prompt(tok, prompt)
     budget = output_budget(core, req.model, len(ids), req.max_output_tokens)
     params = sampling(budget, req.temperature, req.top_p, (), None)
@@ -60,10 +60,9 @@ async def create(core: RouterCore, store: ResponseStore, request: Request) -> Re
                               forwarded_headers(request), session, api_key=key,
                               has_tools=bool(req.tools))
     parser = None
-    if req.parses_tools():
+    if catalog.refs and req.tool_choice != "none":
         parser = tc.make_parser(tc.family_for_model(core.primary(req.model).model_path))
-    out = Output(req, new_id("resp"), custom_tool_names(req),
-                 single_call=req.parallel_tool_calls is False)
+    out = Output(req, new_id("resp"), catalog, single_call=req.parallel_tool_calls is False)
     reply = _Reply(gen, out, parser, store if req.store else None, conversation)
     headers = routing_headers(gen)
     if req.stream:
@@ -72,22 +71,22 @@ async def create(core: RouterCore, store: ResponseStore, request: Request) -> Re
     return JSONResponse(await reply.collect(), headers=headers)
 
 
-async def _history(store: ResponseStore, req: ResponsesRequest) -> list[dict]:
+async def _history(store: ResponseStore, req: ResponsesRequest) -> Conversation:
     if req.previous_response_id is None:
-        return []
+        return Conversation()
     stored = await store.get(req.previous_response_id)
     if stored is None:
         raise ApiError(404, f"previous response {req.previous_response_id!r} not found (unknown "
                        "or expired, or created with store: false)", "response_not_found",
                        "previous_response_id")
-    return stored.messages
+    return Conversation(stored.messages, stored.listed_tools, stored.loaded_tools)
 
 
 class _Reply:
     """One generation turned into a response, whole or streamed, then stored."""
 
     def __init__(self, gen: Generation, out: Output, parser: tc.MarkerParser | None,
-                 store: ResponseStore | None, conversation: list[dict]) -> None:
+                 store: ResponseStore | None, conversation: Conversation) -> None:
         self.gen, self.out, self.parser = gen, out, parser
         self.store, self.conversation = store, conversation
 
@@ -126,6 +125,7 @@ class _Reply:
     async def _keep(self) -> None:
         if self.store is None:
             return
-        tail = self.out.conversation_tail()
-        messages = [*self.conversation, *([tail] if tail else [])]
-        await self.store.put(self.out.id, StoredResponse(self.out.req.model, messages))
+        conv, tail = self.conversation, self.out.conversation_tail()
+        messages = [*conv.messages, *([tail] if tail else [])]
+        await self.store.put(self.out.id, StoredResponse(self.out.req.model, messages,
+                                                         conv.listed, conv.loaded))

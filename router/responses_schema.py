@@ -30,6 +30,60 @@ class _Lenient(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+class FunctionTool(_Lenient):
+    type: Literal["function"]
+    name: str = Field(min_length=1, max_length=128)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class CustomTool(_Lenient):
+    """A freeform tool: the model writes its input as plain text (Codex's ``apply_patch``);
+    offered to the model as a function of one string (``router.responses_tools``)."""
+
+    type: Literal["custom"]
+    name: str = Field(min_length=1, max_length=128)
+    description: str | None = None
+    format: dict[str, Any] | None = None
+
+
+class NamespaceTool(_Lenient):
+    """A named group of function and custom tools (Codex: ``multi_agent_v1``, ``clock``)."""
+
+    type: Literal["namespace"]
+    name: str = Field(min_length=1, max_length=128)
+    description: str | None = None
+    tools: list[Annotated[FunctionTool | CustomTool, Field(discriminator="type")]] = Field(
+        default_factory=list, max_length=512)
+
+
+class ToolSearchTool(_Lenient):
+    """Search over deferred tools; kvroute serves the client-executed kind."""
+
+    type: Literal["tool_search"]
+    execution: Literal["client", "server"] = "client"
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class WebSearchTool(_Lenient):
+    """Accepted and left out of the prompt: Codex offers it on every request."""
+
+    type: Literal["web_search", "web_search_preview"]
+
+
+class HostedTool(_Lenient):
+    """A tool OpenAI runs itself: kvroute cannot run it (a 400 naming it)."""
+
+    type: Literal["file_search", "code_interpreter", "computer_use_preview", "computer",
+                  "image_generation", "mcp", "local_shell", "shell", "apply_patch"]
+
+
+Tool = Annotated[FunctionTool | CustomTool | NamespaceTool | ToolSearchTool | WebSearchTool
+                 | HostedTool, Field(discriminator="type")]
+
+
 class TextPart(_Lenient):
     """``input_text`` (user, system, developer) and ``output_text`` (assistant)."""
 
@@ -63,6 +117,7 @@ class FunctionCallItem(_Lenient):
     type: Literal["function_call"]
     call_id: str = Field(min_length=1, max_length=256)
     name: str = Field(min_length=1, max_length=128)
+    namespace: str | None = Field(None, max_length=128)
     arguments: str = "{}"
 
 
@@ -78,6 +133,7 @@ class CustomToolCallItem(_Lenient):
     type: Literal["custom_tool_call"]
     call_id: str = Field(min_length=1, max_length=256)
     name: str = Field(min_length=1, max_length=128)
+    namespace: str | None = Field(None, max_length=128)
     input: str = ""
 
 
@@ -85,6 +141,29 @@ class CustomToolCallOutputItem(_Lenient):
     type: Literal["custom_tool_call_output"]
     call_id: str = Field(min_length=1, max_length=256)
     output: str | list[Part] = ""
+
+
+class AdditionalToolsItem(_Lenient):
+    """Tools made available from this point on (Codex sends its tools this way)."""
+
+    type: Literal["additional_tools"]
+    role: Literal["developer"] = "developer"
+    tools: list[Tool] = Field(default_factory=list, max_length=512)
+
+
+class ToolSearchCallItem(_Lenient):
+    type: Literal["tool_search_call"]
+    call_id: str | None = Field(None, max_length=256)
+    arguments: Any = None
+    execution: Literal["client", "server"] | None = None
+
+
+class ToolSearchOutputItem(_Lenient):
+    """The tools a client-side search loaded: callable from here on."""
+
+    type: Literal["tool_search_output"]
+    call_id: str | None = Field(None, max_length=256)
+    tools: list[Tool] = Field(default_factory=list, max_length=512)
 
 
 class ReasoningItem(_Lenient):
@@ -107,47 +186,18 @@ InputItem = Annotated[
     | Annotated[FunctionCallOutputItem, Tag("[function_call_output]")]
     | Annotated[CustomToolCallItem, Tag("[custom_tool_call]")]
     | Annotated[CustomToolCallOutputItem, Tag("[custom_tool_call_output]")]
+    | Annotated[AdditionalToolsItem, Tag("[additional_tools]")]
+    | Annotated[ToolSearchCallItem, Tag("[tool_search_call]")]
+    | Annotated[ToolSearchOutputItem, Tag("[tool_search_output]")]
     | Annotated[ReasoningItem, Tag("[reasoning]")],
     Discriminator(_item_type),
 ]
 
 
-class FunctionTool(_Lenient):
-    type: Literal["function"]
-    name: str = Field(min_length=1, max_length=128)
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
-
-class CustomTool(_Lenient):
-    """A freeform tool: the model writes its input as plain text (Codex's ``apply_patch``).
-
-    Offered to the model as a function with one string parameter, ``input``; a call
-    comes back as a ``custom_tool_call`` item. A grammar ``format`` is described,
-    not enforced (decoding is not constrained).
-    """
-
-    type: Literal["custom"]
-    name: str = Field(min_length=1, max_length=128)
-    description: str | None = None
-    format: dict[str, Any] | None = None
-
-
-class HostedTool(_Lenient):
-    """A tool OpenAI runs itself (web search, file search, ...): kvroute cannot run it."""
-
-    type: Literal["web_search", "web_search_preview", "file_search", "code_interpreter",
-                  "computer_use_preview", "image_generation", "mcp", "local_shell", "shell",
-                  "apply_patch", "tool_search", "namespace"]
-
-
-Tool = Annotated[FunctionTool | CustomTool | HostedTool, Field(discriminator="type")]
-
-
 class NamedTool(_Lenient):
     type: Literal["function", "custom"]
     name: str = Field(min_length=1)
+    namespace: str | None = None
 
 
 class TextFormat(_Lenient):
@@ -204,6 +254,3 @@ class ResponsesRequest(_Lenient):
         if isinstance(self.input, str):
             return [MessageItem(role="user", content=self.input)]
         return list(self.input)
-
-    def parses_tools(self) -> bool:
-        return bool(self.tools) and self.tool_choice != "none"
