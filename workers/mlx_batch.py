@@ -20,7 +20,10 @@ thread-safe inbox (submit / cancel / stop) and per-request asyncio queues fed wi
 Sampling: greedy requests share one batched argmax. A request with a seed gets its
 own PRNG key chain, so its draws do not depend on what else is in the batch (the
 logits themselves can still differ in the last bits with the batch shape). Seedless
-requests draw from MLX's global generator.
+requests draw from MLX's global generator. Each job's sampler is built on its own
+(``_samplers``): sampling input the engine cannot use (a seed outside ``[0, 2**64)``,
+which ``mx.random.key`` refuses) fails that job alone with ``SamplingError``, which the
+worker shim returns as a 400; the other sequences in the batch never see it.
 """
 
 from __future__ import annotations
@@ -56,6 +59,13 @@ class _Seq:
     held: list[int] = field(default_factory=list)  # ids whose text the StopMatcher holds
 
 
+SEED_RANGE = (0, 2**64)  # what mx.random.key takes
+
+
+class SamplingError(ValueError):
+    """A job's sampling parameters the engine cannot use: the caller's input (a 400)."""
+
+
 class _SeededSampler:
     """Temperature/top-p sampling from a per-request PRNG key chain."""
 
@@ -83,6 +93,9 @@ def make_sampler(sp: SamplingParams) -> Any:
         return None
     if sp.seed is None:
         return mlx_sampler(sp.temperature, sp.top_p)
+    lo, hi = SEED_RANGE
+    if not lo <= sp.seed < hi:
+        raise SamplingError(f"seed: the mlx engine takes seeds in [0, 2**64), got {sp.seed}")
     return _SeededSampler(sp.seed, sp.temperature, sp.top_p)
 
 
@@ -219,6 +232,7 @@ class BatchLoop:
 
     def _insert(self) -> None:
         # Jobs stay in self._new until inserted, so _fail_all reaches them if this raises.
+        self._new, samplers = self._samplers(self._new)
         args: list[tuple[Job, list[Any], int]] = []
         for job in self._new:
             if job.aborted.is_set() or job.request.sampling.max_tokens <= 0:
@@ -236,7 +250,7 @@ class BatchLoop:
             max_tokens=[r.sampling.max_tokens for r in reqs],
             caches=[cache for _, cache, _ in args],
             all_tokens=[job.request.token_ids[:n] for job, _, n in args],  # what the KV covers
-            samplers=[make_sampler(r.sampling) for r in reqs],
+            samplers=[samplers[id(job)] for job, _, _ in args],
             stop_sequences=[self._no_eos if r.sampling.ignore_eos else self._eos for r in reqs],
         )
         self._new = []
@@ -244,6 +258,22 @@ class BatchLoop:
             job.uid = uid
             stops = StopMatcher(job.request.sampling.stop)
             self._seqs[uid] = _Seq(job, reused, self._tokenizer.detokenizer, stops)
+
+    def _samplers(self, jobs: list[Job]) -> tuple[list[Job], dict[int, Any]]:
+        """Each job's sampler, built under its own guard: a job whose sampling input the
+        engine refuses fails alone (``SamplingError``) and is left out of the batch."""
+        kept: list[Job] = []
+        samplers: dict[int, Any] = {}
+        for job in jobs:
+            try:
+                samplers[id(job)] = make_sampler(job.request.sampling)
+            except Exception as e:  # the caller's input, not the batch's fault
+                err = e if isinstance(e, SamplingError) else SamplingError(f"sampling: {e}")
+                job.prefill_left = 0
+                job.put(err)
+                continue
+            kept.append(job)
+        return kept, samplers
 
     def _step(self) -> None:
         with self._gen.stats() as work:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cache_service.events import CacheEvent
-from workers.mlx_batch import BatchLoop
+from workers.mlx_batch import BatchLoop, SamplingError
 from workers.protocol import (
     EngineError,
     Finished,
@@ -131,6 +131,8 @@ class MlxEngine:
                 done = isinstance(item, Finished | BaseException)
                 if done:  # not ongoing any more, even if the consumer never resumes us
                     self._forget(job)
+                if isinstance(item, SamplingError):  # this job's input alone: a 400 (shim)
+                    raise item
                 if isinstance(item, BaseException):
                     raise EngineError(f"mlx generation failed: {item}") from item
                 yield item

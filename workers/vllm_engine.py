@@ -320,6 +320,8 @@ class VllmEngine:
         from vllm.sampling_params import RequestOutputKind
 
         sp = request.sampling
+        if sp.seed is not None and not -(2**63) <= sp.seed < 2**63:  # torch's manual_seed
+            raise ValueError(f"seed: must be a signed 64-bit integer, got {sp.seed}")
         return SamplingParams(
             max_tokens=sp.max_tokens, temperature=sp.temperature, top_p=sp.top_p,
             stop=list(sp.stop) or None, seed=sp.seed, ignore_eos=sp.ignore_eos,

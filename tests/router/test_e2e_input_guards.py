@@ -1,0 +1,60 @@
+"""Findings of the security review (issue 14) on a real stack: Ray Serve on loopback, one
+mlx replica of the tiny model (CPU MLX) and one sim replica, the memory index.
+
+Sampling input out of range is a 400 in the API's own shape and is never retried on
+another replica (finding 1)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from deploy.config import ModelConfig
+from tests.stacks import counter, deployed, sim_model, stack_config
+
+pytestmark = pytest.mark.slow
+MLX, SIM = "tiny-llama", "sim-guards"
+
+
+@pytest.fixture(scope="module")
+def stack(ray_local: None, tiny_model_dir: Path, serve_port: int) -> Iterator[str]:
+    mlx = ModelConfig(name=MLX, engine="mlx", model_path=str(tiny_model_dir),
+                      num_replicas=1, num_cpus=0.5)
+    sim = sim_model(SIM, tiny_model_dir, tpot_s=0.02)
+    with deployed(stack_config(serve_port, mlx, sim), timeout_s=300) as url:
+        yield url
+
+
+def _chat(model: str, **fields: object) -> dict[str, object]:
+    return {"model": model, "max_tokens": 4,
+            "messages": [{"role": "user", "content": "hello there"}], **fields}
+
+
+@pytest.mark.parametrize("seed", [2**63, -(2**63) - 1, 2**64, 10**400],
+                         ids=["2^63", "-2^63-1", "2^64", "10^400"])
+def test_seed_outside_int64_is_a_400_at_the_router(stack: str, seed: int) -> None:
+    head = f'{{"model": "{MLX}", "max_tokens": 4, "temperature": 0.5, "seed": {seed}, '
+    for path, rest in (("chat/completions", '"messages": [{"role": "user", "content": "hi"}]}'),
+                       ("completions", '"prompt": "hi"}')):
+        r = httpx.post(f"{stack}/v1/{path}", content=head + rest,
+                       headers={"content-type": "application/json"}, timeout=60)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == "seed", r.text
+
+
+def test_seed_the_mlx_engine_refuses_is_a_400_without_retries(stack: str) -> None:
+    """-1 is a valid int64 (vLLM takes it) but ``mx.random.key`` refuses it: the job fails
+    alone on the worker and the router answers 400 without trying another replica."""
+    retries = counter(stack, "kvroute_retries_total")
+    r = httpx.post(f"{stack}/v1/chat/completions", json=_chat(MLX, temperature=0.5, seed=-1),
+                   timeout=120)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["code"] == "engine_rejected" and "seed" in err["message"]
+    assert counter(stack, "kvroute_retries_total") == retries
+    ok = httpx.post(f"{stack}/v1/chat/completions", json=_chat(MLX, temperature=0.5, seed=3),
+                    timeout=120)
+    assert ok.status_code == 200, ok.text
