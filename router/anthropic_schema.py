@@ -138,4 +138,6 @@ class MessagesRequest(CountTokensRequest):
     def _stops(cls, v: list[str] | None) -> list[str] | None:
         if v is not None and len(v) > 16:
             raise ValueError("at most 16 stop sequences")
+        if v is not None and any(len(s) > 512 for s in v):  # as openai_schema.MAX_STOP_CHARS
+            raise ValueError("a stop sequence may have at most 512 characters")
         return v

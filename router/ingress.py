@@ -20,6 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from ray import serve
 from ray.serve.handle import DeploymentHandle
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from deploy.config import KvrouteConfig
 from ops.tracing import setup_tracing, shutdown_tracing
@@ -56,6 +57,16 @@ async def _api_error(request: Request, err: ApiError) -> JSONResponse:
 @app.exception_handler(RequestValidationError)
 async def _validation_error(request: Request, err: RequestValidationError) -> JSONResponse:
     return error_response(ApiError(400, f"invalid request: {err.errors()[:3]}"), request.url.path)
+
+
+@app.exception_handler(StarletteHTTPException)
+async def _http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
+    """Unknown routes and wrong methods (404 / 405) in the API's own shape, not FastAPI's."""
+    code = {404: "not_found", 405: "method_not_allowed"}.get(err.status_code)
+    what = f"{request.method} {request.url.path[:200]}: {err.detail}"
+    resp = error_response(ApiError(err.status_code, what, code), request.url.path)
+    resp.headers.update(err.headers or {})  # 405 names the allowed methods
+    return resp
 
 
 @app.exception_handler(Exception)

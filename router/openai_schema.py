@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from router.normalize import strip_volatile
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # seed: engines seed 64-bit generators
+MAX_STOP_CHARS = 512  # stop matching costs grow with the length (review finding 12)
 
 
 class _Lenient(BaseModel):
@@ -97,6 +98,8 @@ class SamplingFields(_Lenient):
     def _stops(cls, v: str | list[str] | None) -> str | list[str] | None:
         if isinstance(v, list) and len(v) > 16:
             raise ValueError("at most 16 stop sequences")
+        if any(len(s) > MAX_STOP_CHARS for s in ([v] if isinstance(v, str) else v or [])):
+            raise ValueError(f"a stop sequence may have at most {MAX_STOP_CHARS} characters")
         return v
 
     def stop_list(self) -> tuple[str, ...]:

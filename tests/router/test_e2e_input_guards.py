@@ -2,7 +2,8 @@
 mlx replica of the tiny model (CPU MLX) and one sim replica, the memory index.
 
 Sampling input out of range is a 400 in the API's own shape and is never retried on
-another replica (finding 1)."""
+another replica (finding 1); stop strings are capped (finding 12); unknown routes and
+wrong methods answer in the API's own error shape (finding 14)."""
 
 from __future__ import annotations
 
@@ -58,3 +59,52 @@ def test_seed_the_mlx_engine_refuses_is_a_400_without_retries(stack: str) -> Non
     ok = httpx.post(f"{stack}/v1/chat/completions", json=_chat(MLX, temperature=0.5, seed=3),
                     timeout=120)
     assert ok.status_code == 200, ok.text
+
+
+@pytest.mark.parametrize("n", [512, 513])
+def test_stop_strings_are_capped_at_512_characters(stack: str, n: int) -> None:
+    """Review finding 12: stop matching costs grow with each stop string's length."""
+    stop = "z" * n
+    want = 200 if n <= 512 else 400
+    r = httpx.post(f"{stack}/v1/chat/completions", json=_chat(SIM, stop=[stop]), timeout=60)
+    assert r.status_code == want, r.text
+    if n > 512:
+        assert r.json()["error"]["param"] == "stop"
+    r = httpx.post(f"{stack}/v1/completions", timeout=60,
+                   json={"model": SIM, "prompt": "hi", "max_tokens": 4, "stop": stop})
+    assert r.status_code == want, r.text
+    body = {**_chat(SIM), "stop_sequences": ["a", stop]}
+    r = httpx.post(f"{stack}/v1/messages", json=body, timeout=60)
+    assert r.status_code == want, r.text
+    if n > 512:
+        assert r.json()["error"]["type"] == "invalid_request_error"
+        assert "stop_sequences" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(("method", "path", "status"), [
+    ("GET", "/v1/chat/completions", 405), ("OPTIONS", "/v1/completions", 405),
+    ("POST", "/v1/nope", 404), ("GET", "/", 404), ("POST", "/health", 405),
+])
+def test_unknown_routes_and_methods_answer_in_the_openai_shape(
+    stack: str, method: str, path: str, status: int,
+) -> None:
+    r = httpx.request(method, f"{stack}{path}", timeout=30)
+    assert r.status_code == status
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and path in err["message"]
+    assert err["code"] == ("not_found" if status == 404 else "method_not_allowed")
+    if status == 405:
+        assert "allow" in r.headers
+
+
+@pytest.mark.parametrize(("method", "path", "status"), [
+    ("GET", "/v1/messages", 405), ("PUT", "/v1/messages/count_tokens", 405),
+    ("POST", "/v1/messages/batches", 404),
+])
+def test_unknown_routes_and_methods_answer_in_the_anthropic_shape(
+    stack: str, method: str, path: str, status: int,
+) -> None:
+    r = httpx.request(method, f"{stack}{path}", timeout=30)
+    assert r.status_code == status
+    body = r.json()
+    assert body["type"] == "error" and set(body["error"]) == {"type", "message"}
