@@ -8,6 +8,7 @@ measured by the engine (and, with the memory index, the replica's cache events).
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -33,6 +34,7 @@ class ModelWorker:
         self._replica = serve.get_replica_context().replica_id.unique_id
         self._node = ray.get_runtime_context().get_node_id()
         self._engine = make_engine(self._cfg, self._replica, idx.block_size)
+        self._ids = itertools.count()  # engine request ids (_engine_id)
         await self._engine.start()
         self._publisher: IndexPublisher | None = None
         if idx.redis_url:
@@ -54,7 +56,7 @@ class ModelWorker:
     ) -> AsyncIterator[dict[str, Any]]:
         """Stream one generation. ``kvroute_rank`` is consumed by the request router."""
         req = GenerateRequest(
-            request_id=str(request["request_id"]),
+            request_id=self._engine_id(str(request["request_id"])),
             token_ids=[int(t) for t in request["token_ids"]],
             sampling=SamplingParams(**request.get("sampling", {})),
         )
@@ -76,6 +78,11 @@ class ModelWorker:
                            "ids": list(item.token_ids)}  # what the router resumes from
         finally:
             spans.finish(final["usage"] if final else None, error=final is None)
+
+    def _engine_id(self, request_id: str) -> str:
+        """The router's id (the client's ``x-request-id`` when it sent one) made unique on
+        this engine: clients reuse ids, and an engine refuses an id that is still running."""
+        return f"{request_id}#{next(self._ids)}"
 
     async def _guarded(self, req: GenerateRequest) -> AsyncIterator[Any]:
         """The engine's stream; input it rejects becomes an error message, not a crash."""

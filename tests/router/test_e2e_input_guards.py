@@ -3,7 +3,8 @@ mlx replica of the tiny model (CPU MLX) and one sim replica, the memory index.
 
 Sampling input out of range is a 400 in the API's own shape and is never retried on
 another replica (finding 1); stop strings are capped (finding 12); unknown routes and
-wrong methods answer in the API's own error shape (finding 14)."""
+wrong methods answer in the API's own error shape (finding 14); a reused x-request-id
+does not clash on the engine (finding 7)."""
 
 from __future__ import annotations
 
@@ -108,3 +109,25 @@ def test_unknown_routes_and_methods_answer_in_the_anthropic_shape(
     assert r.status_code == status
     body = r.json()
     assert body["type"] == "error" and set(body["error"]) == {"type", "message"}
+
+
+def _stream(client: httpx.Client, rid: str, max_tokens: int) -> Iterator[str]:
+    body = {**_chat(SIM, stream=True), "max_tokens": max_tokens}
+    with client.stream("POST", "/v1/chat/completions", json=body,
+                       headers={"x-request-id": rid}) as r:
+        assert r.status_code == 200, r.read()
+        assert r.headers["x-request-id"] == rid  # the client's id, as sent
+        yield from (line for line in r.iter_lines() if line.startswith("data: "))
+
+
+def test_a_reused_request_id_does_not_clash_on_the_engine(stack: str) -> None:
+    """Review finding 7: the second of two concurrent streams with one ``x-request-id``
+    on one replica failed: the engine refused the running id, the router retried, 503."""
+    rid = "client-chose-this-id"
+    with httpx.Client(base_url=stack, timeout=120) as client:
+        first = _stream(client, rid, max_tokens=300)  # ~6 s at 20 ms a token
+        assert next(first) != "data: [DONE]"  # in flight on the one sim replica
+        second = list(_stream(client, rid, max_tokens=4))
+        rest = list(first)
+    for events in (second, rest):
+        assert events[-1] == "data: [DONE]" and not any('"error"' in e for e in events)
