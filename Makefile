@@ -7,7 +7,7 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 VVENV  ?= .venv-vllm
 VBIN   := $(VVENV)/bin
 
-.PHONY: up test test-fast test-vllm lint venv redis
+.PHONY: up test test-fast test-vllm lint venv redis agent-clis
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,7 +27,17 @@ redis:
 	  elif command -v brew >/dev/null; then brew install redis openssl; \
 	  else echo "please install redis-server and openssl" >&2; exit 1; fi; }
 
-test: venv redis
+# The real Claude Code and Codex CLIs (pinned in tests/agents/package-lock.json; their
+# npm packages carry the native binaries), driven against a real stack by the tests.
+agent-clis:
+	@command -v npm >/dev/null || { \
+	  if command -v apt-get >/dev/null; then \
+	    $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq nodejs npm; \
+	  elif command -v brew >/dev/null; then brew install node; \
+	  else echo "please install Node.js and npm" >&2; exit 1; fi; }
+	npm ci --prefix tests/agents --no-audit --no-fund --loglevel=error
+
+test: venv redis agent-clis
 	$(BIN)/pip install -q -e '.[mlx,dev]'
 	$(BIN)/ruff check .
 	$(BIN)/pytest

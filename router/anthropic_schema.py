@@ -48,7 +48,15 @@ class ToolUseBlock(_Lenient):
     input: dict[str, Any] = Field(default_factory=dict)
 
 
-ResultPart = Annotated[TextBlock | ImageBlock | DocumentBlock, Field(discriminator="type")]
+class ToolReferenceBlock(_Lenient):
+    """A tool search result naming a (deferred) tool: expanded to its definition."""
+
+    type: Literal["tool_reference"]
+    tool_name: str = Field(min_length=1, max_length=128)
+
+
+ResultPart = Annotated[TextBlock | ImageBlock | DocumentBlock | ToolReferenceBlock,
+                       Field(discriminator="type")]
 
 
 class ToolResultBlock(_Lenient):

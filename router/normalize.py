@@ -43,6 +43,7 @@ assistant message of text only is a *prefill*: the reply continues it.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,6 +55,7 @@ from router.anthropic_schema import (
     Message,
     TextBlock,
     Tool,
+    ToolReferenceBlock,
     ToolResultBlock,
     ToolUseBlock,
 )
@@ -131,15 +133,16 @@ def to_chat(req: CountTokensRequest, system_in_place: bool = True) -> ChatPrompt
     system = system_text(req.system)
     if system is not None:
         prompt.messages.append({"role": "system", "content": system})
-    names: dict[str, str] = {}  # tool_use id → tool name, for the tool messages
+    refs = _Refs(tools={t.name: _function(t) for t in req.tools or ()
+                        if t.input_schema is not None and t.type in (None, "custom")})
     for i, msg in enumerate(req.messages):
         where = f"messages.{i}.content"
         if msg.role == "assistant":
-            prompt.messages.append(_assistant(msg, where, names))
+            prompt.messages.append(_assistant(msg, where, refs))
         elif msg.role == "system":  # Claude Code's environment block, mid-conversation
             prompt.messages.append({"role": "system", "content": _system_message(msg, where)})
         else:
-            prompt.messages.extend(_user(msg, where, names))
+            prompt.messages.extend(_user(msg, where, refs))
     last = req.messages[-1]
     if last.role == "assistant" and "tool_calls" not in prompt.messages[-1]:
         prompt.prefill = prompt.messages.pop()["content"]
@@ -158,12 +161,25 @@ def template_tools(tools: list[Tool] | None) -> list[dict[str, Any]] | None:
             raise ApiError(400, f"tools.{i}: server tool {t.type or t.name!r} is not supported; "
                            "kvroute serves client tools (name, description, input_schema)",
                            "unsupported_tool", f"tools.{i}")
-        fn: dict[str, Any] = {"name": t.name}
-        if t.description:
-            fn["description"] = t.description
-        fn["parameters"] = t.input_schema
-        out.append({"type": "function", "function": fn})
+        out.append({"type": "function", "function": _function(t)})
     return out or None
+
+
+def _function(tool: Tool) -> dict[str, Any]:
+    fn: dict[str, Any] = {"name": tool.name}
+    if tool.description:
+        fn["description"] = tool.description
+    fn["parameters"] = tool.input_schema
+    return fn
+
+
+@dataclass(slots=True)
+class _Refs:
+    """What later blocks refer to: tool_use ids → tool names (for tool messages), and
+    every client tool, deferred ones included (for ``tool_reference`` blocks)."""
+
+    tools: dict[str, dict[str, Any]]
+    calls: dict[str, str] = field(default_factory=dict)
 
 
 def _blocks(msg: Message) -> list[Any]:
@@ -187,7 +203,7 @@ def _system_message(msg: Message, where: str) -> str:
     return "\n".join(texts)
 
 
-def _assistant(msg: Message, where: str, names: dict[str, str]) -> dict[str, Any]:
+def _assistant(msg: Message, where: str, refs: _Refs) -> dict[str, Any]:
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
     for j, block in enumerate(_blocks(msg)):
@@ -195,7 +211,7 @@ def _assistant(msg: Message, where: str, names: dict[str, str]) -> dict[str, Any
         if isinstance(block, TextBlock):
             texts.append(block.text)
         elif isinstance(block, ToolUseBlock):
-            names[block.id] = block.name
+            refs.calls[block.id] = block.name
             calls.append({"id": block.id, "type": "function",
                           "function": {"name": block.name, "arguments": block.input}})
         elif isinstance(block, ToolResultBlock):
@@ -208,7 +224,7 @@ def _assistant(msg: Message, where: str, names: dict[str, str]) -> dict[str, Any
     return out
 
 
-def _user(msg: Message, where: str, names: dict[str, str]) -> list[dict[str, Any]]:
+def _user(msg: Message, where: str, refs: _Refs) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     texts: list[str] = []
     for j, block in enumerate(_blocks(msg)):
@@ -219,7 +235,7 @@ def _user(msg: Message, where: str, names: dict[str, str]) -> list[dict[str, Any
             if texts:
                 out.append({"role": "user", "content": "\n".join(texts)})
                 texts = []
-            out.append(_tool_message(block, f"{where}.{j}", names))
+            out.append(_tool_message(block, f"{where}.{j}", refs))
         elif isinstance(block, ToolUseBlock):
             raise ApiError(400, f"{where}.{j}: tool_use blocks belong in assistant messages",
                            "invalid_request", f"{where}.{j}")
@@ -228,15 +244,30 @@ def _user(msg: Message, where: str, names: dict[str, str]) -> list[dict[str, Any
     return out
 
 
-def _tool_message(block: ToolResultBlock, where: str, names: dict[str, str]) -> dict[str, Any]:
+def _tool_message(block: ToolResultBlock, where: str, refs: _Refs) -> dict[str, Any]:
     if block.content is None or isinstance(block.content, str):
         text = block.content or ""
     else:
+        texts = []
         for k, part in enumerate(block.content):
             _refuse(part, f"{where}.content.{k}")
-        text = "\n".join(p.text for p in block.content if isinstance(p, TextBlock))
+            if isinstance(part, TextBlock):
+                texts.append(part.text)
+            elif isinstance(part, ToolReferenceBlock):
+                texts.append(_expand(part, refs, f"{where}.content.{k}"))
+        text = "\n".join(texts)
     msg: dict[str, Any] = {"role": "tool", "tool_call_id": block.tool_use_id,
                            "content": f"Error: {text}" if block.is_error else text}
-    if block.tool_use_id in names:
-        msg["name"] = names[block.tool_use_id]
+    if block.tool_use_id in refs.calls:
+        msg["name"] = refs.calls[block.tool_use_id]
     return msg
+
+
+def _expand(part: ToolReferenceBlock, refs: _Refs, where: str) -> str:
+    """A tool search's ``tool_reference``: the tool's definition, where the result stands
+    (as Anthropic's API expands it), in the JSON the template's tool list uses."""
+    fn = refs.tools.get(part.tool_name)
+    if fn is None:
+        raise ApiError(400, f"{where}: tool_reference names {part.tool_name!r}, which is not "
+                       "among the request's tools", "invalid_request", f"{where}.tool_name")
+    return json.dumps({"type": "function", "function": fn}, ensure_ascii=False)

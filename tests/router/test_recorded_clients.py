@@ -106,3 +106,27 @@ def test_vendor_model_names_resolve_through_aliases(tiny_model_dir: Path) -> Non
     assert cfg.resolve("llama-3") is None
     with pytest.raises(ValueError, match="not a model or group"):
         KvrouteConfig(models=[model], aliases={"*": "nope"})
+
+
+def test_claude_code_tool_reference_expands_the_deferred_tool(claude: Any) -> None:
+    core, recs = claude
+    rec = recs[3]
+    assert any(t["name"] == "WebFetch" and t.get("defer_loading") for t in rec["body"]["tools"])
+    status, prompt = _replay(core, rec)
+    assert status == 200, prompt
+    # listed nowhere in the tool list, defined where the search result stands
+    assert prompt.count('"name": "WebFetch"') == 1
+    assert prompt.index('"name": "WebFetch"') > prompt.index("<tool_response>")
+    bad = json.loads(json.dumps(rec))
+    bad["body"]["messages"][-1]["content"][0]["content"][0]["tool_name"] = "Nope"
+    status, text = _replay(core, bad)
+    assert status == 400 and "messages.3.content.0.content.0: tool_reference names 'Nope'" in text
+
+
+def test_claude_code_sub_agent_gets_its_own_session_key(claude: Any) -> None:
+    core, recs = claude
+    sub = recs[4]
+    assert _replay(core, sub)[0] == 200
+    session = sub["headers"]["x-claude-code-session-id"]
+    agent = sub["headers"]["x-claude-code-agent-id"]
+    assert core.calls[-1]["session_id"] == f"{session}#agent:{agent}"
