@@ -21,17 +21,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
 from deploy.config import IndexConfig, ModelConfig
 from tests.agents.recorder import Recorder, recording
 from tests.conftest import free_port
-from tests.stacks import deployed, redis_url, stack_config
+from tests.router.test_e2e_agents import wait_for, worker_loads
+from tests.stacks import deployed, redis_url, sim_model, stack_config
 
 pytestmark = pytest.mark.slow
 BIN = Path(__file__).parents[1] / "agents" / "node_modules" / ".bin"
-MODEL = "coder"
+MODEL, PLAIN = "coder", "plain"
 TOOL_OK = "kvroute-tool-ok"
 CLAUDE_CALL = {"name": "Bash", "arguments": {"command": f"echo {TOOL_OK}",
                                              "description": "Print a marker"}}
@@ -53,7 +55,9 @@ def stack(ray_local: None, tiny_model_dir: Path, stack_redis: Any, serve_port: i
                         num_replicas=2, num_cpus=0.1, engine_kwargs={
                             "tpot_s": 0.002, "prefill_tok_s": 100000.0,
                             "script_path": str(script)})
-    cfg = stack_config(serve_port, model, index=IndexConfig(redis_url=redis_url(stack_redis)),
+    plain = sim_model(PLAIN, tiny_model_dir, tpot_s=0.01)  # no script: endless " w<id>"
+    cfg = stack_config(serve_port, model, plain,
+                       index=IndexConfig(redis_url=redis_url(stack_redis)),
                        aliases={"claude-*": MODEL, "gpt-*": MODEL})
     with deployed(cfg) as url:
         yield url
@@ -231,3 +235,17 @@ def test_openai_sdk_responses_stateless_and_stored(stack: str) -> None:
     assert follow.usage.input_tokens_details.cached_tokens >= 0.8 * stored.usage.input_tokens
     with pytest.raises(openai.NotFoundError):
         client.responses.create(model=MODEL, input="x", previous_response_id="resp_gone")
+
+
+def test_responses_client_disconnect_aborts_the_worker_request(stack: str) -> None:
+    body = {"model": PLAIN, "input": "Write on and on.", "max_output_tokens": 20000,
+            "stream": True}
+    assert wait_for(lambda: sum(worker_loads(PLAIN).values()) == 0, 15)
+    with httpx.stream("POST", f"{stack}/v1/responses", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        while "response.output_text.delta" not in next(lines):
+            pass
+        assert wait_for(lambda: sum(worker_loads(PLAIN).values()) >= 1, 10), worker_loads(PLAIN)
+    # 20000 tokens at 10 ms would take minutes: only an abort empties the replica this soon
+    assert wait_for(lambda: sum(worker_loads(PLAIN).values()) == 0, 10), worker_loads(PLAIN)

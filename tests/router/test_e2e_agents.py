@@ -178,26 +178,26 @@ def test_openai_tool_errors(stack: str) -> None:
 
 
 @functools.cache
-def _worker_handle() -> Any:
+def _worker_handle(model: str) -> Any:
     from ray import serve
 
     from deploy import runtime
 
-    handle = serve.get_deployment_handle(MODEL, app_name=runtime.APP_NAME)
+    handle = serve.get_deployment_handle(model, app_name=runtime.APP_NAME)
     handle.load.remote().result(timeout_s=30)  # starts this process's request router
     return handle
 
 
-def _worker_loads() -> dict[str, int]:
+def worker_loads(model: str = MODEL) -> dict[str, int]:
     """ongoing_requests per worker replica, from the routing stats Serve pushes every 1 s
     to this process's request router (what the ingress reads too)."""
     from router.views import replica_view
 
-    _worker_handle()
-    return {r.replica: int(r.stats.get("ongoing_requests", 0)) for r in replica_view(MODEL)}
+    _worker_handle(model)
+    return {r.replica: int(r.stats.get("ongoing_requests", 0)) for r in replica_view(model)}
 
 
-def _wait_for(check: Any, timeout_s: float) -> bool:
+def wait_for(check: Any, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while not check():
         if time.monotonic() > deadline:
@@ -212,13 +212,13 @@ def test_client_disconnect_aborts_generation_on_the_worker(stack: str) -> None:
     probe = httpx.post(f"{stack}/v1/messages", timeout=120,
                        json={**body, "stream": False, "max_tokens": 300}).json()
     assert probe["stop_reason"] == "max_tokens"  # greedy: this prompt does not end early
-    assert _wait_for(lambda: sum(_worker_loads().values()) == 0, 15)
+    assert wait_for(lambda: sum(worker_loads().values()) == 0, 15)
     with httpx.stream("POST", f"{stack}/v1/messages", json=body, timeout=60) as r:
         assert r.status_code == 200
         lines = r.iter_lines()
         while "content_block_delta" not in next(lines):
             pass
         # under way (if the model ended early, it would be 0 here)
-        assert _wait_for(lambda: sum(_worker_loads().values()) >= 1, 10), _worker_loads()
+        assert wait_for(lambda: sum(worker_loads().values()) >= 1, 10), worker_loads()
     # the client is gone: 20000 tokens would take minutes, an abort takes a moment
-    assert _wait_for(lambda: sum(_worker_loads().values()) == 0, 10), _worker_loads()
+    assert wait_for(lambda: sum(worker_loads().values()) == 0, 10), worker_loads()

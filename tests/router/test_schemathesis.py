@@ -45,7 +45,8 @@ from tests.stacks import deployed, sim_model, stack_config
 pytestmark = pytest.mark.slow
 MODEL = "sim-model"
 EXAMPLES = int(os.environ.get("KVROUTE_SCHEMATHESIS_EXAMPLES", "50"))
-POSTS = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens")
+POSTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
+         "/v1/messages/count_tokens")
 GETS = ("/v1/models", "/health", "/metrics", "/kvroute/replicas")
 OPERATIONS = [*(("POST", p) for p in POSTS), *(("GET", p) for p in GETS)]
 
