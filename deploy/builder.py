@@ -17,6 +17,7 @@ from ray.serve.config import RequestRouterConfig
 from deploy.config import AutoscalingConfig, IndexConfig, KvrouteConfig, ModelConfig
 from deploy.serve_env import replica_env
 from ops.tracing import tracing_env
+from router.auth import resolve_for_replicas
 from router.ingress import Ingress
 from router.metrics_hub import MetricsHub
 from router.request_router import KvRequestRouter
@@ -71,6 +72,9 @@ def _with_env(env: dict[str, str]) -> dict[str, Any]:
 
 
 def build_app(config: KvrouteConfig) -> Application:
+    """The app; API keys are resolved here, once: router replicas get digests, never env."""
+    config = config.model_copy(
+        update={"auth": resolve_for_replicas(config.auth, config.server.host)})
     workers = {m.name: build_worker(m, config.index) for m in config.models}
     hub = serve.deployment(MetricsHub).options(
         name="kvroute-metrics", num_replicas=1, ray_actor_options={"num_cpus": 0},

@@ -55,8 +55,10 @@ __all__ = [
     "exposure_warning",
     "generate_key",
     "hash_key",
+    "is_loopback",
     "parse_env_keys",
     "resolve_env",
+    "resolve_for_replicas",
 ]
 
 KEY_PREFIX = "sk-kvr-"
@@ -109,6 +111,10 @@ class AuthConfig(_Strict):
     default_tokens_per_min: int | None = Field(
         None, ge=1, le=MAX_TOKENS_PER_MIN,
         description="Tokens/min (prompt + max_tokens) of keys that set none; None = unlimited.",
+    )
+    required: bool = Field(
+        True, description="Refuse to start with no key when server.host is not loopback; "
+        "false only behind a gateway that authenticates (docs/auth.md).",
     )
 
     @model_validator(mode="after")
@@ -264,17 +270,35 @@ class Authenticator:
         raise ApiError(401, "invalid API key", "invalid_api_key")
 
 
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def exposure_warning(host: str, auth: Authenticator) -> str | None:
     """A warning to log when the server is open (no keys) yet bound beyond loopback."""
-    if auth.enabled or host == "localhost":
+    if auth.enabled or is_loopback(host):
         return None
-    try:
-        if ipaddress.ip_address(host).is_loopback:
-            return None
-    except ValueError:
-        pass
     return (f"no API keys are configured but the server binds to {host}: anyone who can "
             "reach it can use it (configure auth.api_keys or KVROUTE_API_KEYS)")
+
+
+def resolve_for_replicas(cfg: AuthConfig, host: str,
+                         environ: Mapping[str, str] | None = None) -> AuthConfig:
+    """The auth section every router replica gets: env keys folded in as digests (so no
+    replica reads its own environment), checked against ``required``: no key while bound
+    beyond loopback is a ``ValueError`` (the deploy fails) unless ``required`` is false."""
+    resolved = resolve_env(cfg, environ)
+    if cfg.required and not resolved.api_keys and not is_loopback(host):
+        var = cfg.api_keys_env or "auth.api_keys_env"
+        raise ValueError(f"auth.required: server.host is {host} but no API key is configured "
+                         f"(auth.api_keys or ${var} where the app is built); set "
+                         "auth.required: false only behind a gateway that authenticates")
+    return resolved
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -28,7 +28,7 @@ from router import anthropic_routes, openai_routes, responses_routes
 from router.auth import exposure_warning
 from router.core import RouterCore
 from router.errors import ApiError, error_response
-from router.metrics_hub import push_metrics, render_metrics
+from router.metrics_hub import MetricsCache, push_metrics
 from router.openapi import kvroute_openapi
 from router.response_store import ResponseStore
 from router.telemetry import TelemetryMiddleware
@@ -44,7 +44,9 @@ def _fastapi_kwargs() -> dict[str, Any]:
     return {}
 
 
-app = FastAPI(title="kvroute", docs_url=None, redoc_url=None, **_fastapi_kwargs())
+# openapi_url=None: /openapi.json is the Ingress route below, which needs a key when keys are on.
+app = FastAPI(title="kvroute", docs_url=None, redoc_url=None, openapi_url=None,
+              **_fastapi_kwargs())
 app.add_middleware(TelemetryMiddleware)
 app.openapi = lambda: kvroute_openapi(app)  # type: ignore[method-assign]  # with body schemas
 
@@ -88,6 +90,7 @@ class Ingress:
         self._config = KvrouteConfig.model_validate(config)
         self._hub = metrics_hub
         self._replica = serve.get_replica_context().replica_id.unique_id
+        self._metrics = MetricsCache(metrics_hub, self._replica)
         self._core = RouterCore(self._config, handles)
         self._core.router_id = self._replica
         cfg = self._config
@@ -118,16 +121,23 @@ class Ingress:
                             status_code=200 if ok else 503)
 
     @app.get("/kvroute/replicas")
-    async def replicas(self) -> dict[str, Any]:
+    async def replicas(self, request: Request) -> dict[str, Any]:
         """This router replica and every worker replica it sees, with their load."""
+        self._core.auth.authenticate(request.headers)
         return {
             "router": {"replica": self._replica, "node": ray.get_runtime_context().get_node_id()},
             "models": self._core.replica_stats(),
         }
 
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi(self, request: Request) -> Response:
+        self._core.auth.authenticate(request.headers)
+        return JSONResponse(app.openapi())
+
     @app.get("/metrics")
     async def metrics(self) -> Response:
-        text = await render_metrics(self._hub, self._replica)
+        """Open by design, for Prometheus scrapers (docs/auth.md); cached ~1 s."""
+        text = await self._metrics.text()
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/v1/models")

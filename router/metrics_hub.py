@@ -4,7 +4,9 @@ Each router replica pushes its Prometheus text to the ``MetricsHub`` deployment
 every second; ``/metrics`` on any replica asks the hub for the merge. Counters
 and histogram series with the same name and labels are summed across replicas;
 gauges (per-replica load, already labelled by replica) take the latest value.
-If the hub is unreachable, a replica answers with its own metrics only.
+If the hub is unreachable, a replica answers with its own metrics only. ``/metrics`` is
+open (docs/auth.md), so each router replica serves it from a ``MetricsCache``: at most one
+push + merge per ``CACHE_S``, however many scrapes arrive.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -21,6 +24,7 @@ from router.metrics import REGISTRY
 
 log = logging.getLogger(__name__)
 PUSH_TIMEOUT_S = 2.0  # one push per second: a late one is simply dropped
+CACHE_S = 1.0  # /metrics answers from a snapshot at most this old
 _STALE_S = 30.0  # a replica silent this long is gone; drop its samples
 Key = tuple[str, tuple[tuple[str, str], ...]]
 
@@ -90,3 +94,20 @@ async def render_metrics(hub: DeploymentHandle | None, source: str) -> str:
     except Exception as e:  # the hub is optional: degrade to this replica's view
         log.warning("metrics hub unavailable (%r); serving local metrics", e)
         return merge([local_text()])
+
+
+class MetricsCache:
+    """``render_metrics`` at most once per ``max_age_s``; concurrent callers share it."""
+
+    def __init__(self, hub: DeploymentHandle | None, source: str, max_age_s: float = CACHE_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._hub, self._source, self._max_age_s, self._clock = hub, source, max_age_s, clock
+        self._task: asyncio.Task[str] | None = None
+        self._at = 0.0
+
+    async def text(self) -> str:
+        now = self._clock()
+        if self._task is None or (self._task.done() and now - self._at >= self._max_age_s):
+            self._at = now
+            self._task = asyncio.ensure_future(render_metrics(self._hub, self._source))
+        return await asyncio.shield(self._task)  # a scraper that leaves cancels only itself

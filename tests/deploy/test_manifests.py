@@ -125,9 +125,12 @@ def test_serve_config_validates_with_load_config(name: str, tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize("name", SERVE_CONFIG_NAMES)
-def test_builder_builds_and_overrides_name_real_deployments(name: str) -> None:
+def test_builder_builds_and_overrides_name_real_deployments(
+    name: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from ray.serve._private.build_app import build_app
 
+    monkeypatch.setenv("KVROUTE_API_KEYS", f"ops:{'ab' * 32}")  # the Secret / node env
     app = _kvroute_app(_serve_config(name))
     built = build_app(app_builder(app["args"]), name=app["name"])
     names = {d.name for d in built.deployments}
@@ -155,6 +158,32 @@ def test_cluster_configs_two_autoscaled_models_and_redis(name: str) -> None:
     assert auto["target_ongoing_requests"] < 1024  # the router's max_ongoing_requests
     assert sc["http_options"]["host"] == "0.0.0.0"
     assert sc["http_options"]["port"] == cfg.server.port
+
+
+@pytest.mark.parametrize("name", ["cluster.yaml", "rayservice.yaml"])
+def test_cluster_configs_require_api_keys(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review finding 5: the reference configs bind 0.0.0.0, so they must not deploy open;
+    keys come from KVROUTE_API_KEYS where the app is built, and server.host is the bind."""
+    sc = _serve_config(name)
+    cfg = KvrouteConfig.model_validate(_kvroute_app(sc)["args"])
+    assert cfg.auth.required and cfg.auth.api_keys_env == "KVROUTE_API_KEYS"
+    assert cfg.server.host == sc["http_options"]["host"]
+    monkeypatch.delenv("KVROUTE_API_KEYS", raising=False)
+    with pytest.raises(ValueError, match="auth.required"):
+        app_builder(_kvroute_app(sc)["args"])
+
+
+def test_rayservice_pods_get_api_keys_from_a_secret() -> None:
+    """Serve may build the app on any pod: every Ray container has KVROUTE_API_KEYS from
+    the kvroute-api-keys Secret, never a literal value."""
+    spec = _rayservice()["spec"]["rayClusterConfig"]
+    groups = [spec["headGroupSpec"], *_worker_groups().values()]
+    for container in (c for g in groups for c in _containers(g)):
+        env = {e["name"]: e for e in container.get("env", [])}
+        keys = env.get("KVROUTE_API_KEYS")
+        assert keys is not None and "value" not in keys, container["name"]
+        ref = keys["valueFrom"]["secretKeyRef"]
+        assert ref["name"] == "kvroute-api-keys" and ref["key"] and not ref.get("optional")
 
 
 def test_cluster_yaml_otel_env_and_pending_groups_block() -> None:

@@ -1,10 +1,13 @@
 """Auth and rate limits end to end on real Serve (sim engine, two router replicas, a real
-redis-server): 401s in each API's shape, one shared per-key budget across the routers, 429
-with retry-after, and no key in any Ray log."""
+redis-server): 401s in each API's shape, keys from an environment variable that only the
+deploying process has (resolved once by the app builder), the operational routes behind a
+key, one shared per-key budget across the routers, 429 with retry-after, and no key in any
+Ray log."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -21,6 +24,8 @@ from tests.stacks import deployed, redis_url, sim_model, stack_config
 pytestmark = pytest.mark.slow
 MODEL = "sim-auth"
 ALICE, BOB = f"sk-kvr-e2e-alice-{uuid.uuid4().hex}", f"sk-kvr-e2e-bob-{uuid.uuid4().hex}"
+CAROL = f"sk-kvr-e2e-carol-{uuid.uuid4().hex}"  # only in the deploying process's env
+CAROL_ENV = f"KVROUTE_E2E_KEYS_{uuid.uuid4().hex[:8].upper()}"
 RPM = 20
 CHAT = {"model": MODEL, "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}
 
@@ -28,6 +33,8 @@ CHAT = {"model": MODEL, "max_tokens": 3, "messages": [{"role": "user", "content"
 @pytest.fixture(scope="module")
 def stack(ray_local: None, tiny_model_dir: Path, stack_redis: Any,
           serve_port: int) -> Iterator[str]:
+    # Set after Ray started: its replicas never see it, only the builder in this process.
+    os.environ[CAROL_ENV] = f"carol:{hash_key(CAROL)}"
     cfg = stack_config(
         serve_port, sim_model(MODEL, tiny_model_dir, tpot_s=0.001, prefill_tok_s=200000.0),
         index=IndexConfig(redis_url=redis_url(stack_redis),
@@ -36,10 +43,13 @@ def stack(ray_local: None, tiny_model_dir: Path, stack_redis: Any,
         auth=AuthConfig(api_keys=[
             ApiKeyConfig(name="alice", key_sha256=hash_key(ALICE), requests_per_min=RPM),
             ApiKeyConfig(name="bob", key_sha256=hash_key(BOB), tokens_per_min=2000),
-        ]),
+        ], api_keys_env=CAROL_ENV),
     )
-    with deployed(cfg) as url:  # /health needs no key
-        yield url
+    try:
+        with deployed(cfg) as url:  # /health needs no key
+            yield url
+    finally:
+        del os.environ[CAROL_ENV]
 
 
 def test_401s_in_each_api_shape(stack: str) -> None:
@@ -50,7 +60,35 @@ def test_401s_in_each_api_shape(stack: str) -> None:
     assert r.json()["error"]["type"] == "authentication_error"
     assert httpx.get(f"{stack}/v1/models", timeout=30).status_code == 401
     assert httpx.get(f"{stack}/v1/models", headers={"x-api-key": BOB}, timeout=30).is_success
-    assert httpx.get(f"{stack}/metrics", timeout=30).status_code == 200
+
+
+def test_env_keys_reach_every_router_replica(stack: str) -> None:
+    """Review finding 5: each router replica read the variable from its own environment,
+    where it is not, so a key configured there was refused (and, with no other key, every
+    router ran open)."""
+    with httpx.Client(base_url=stack, timeout=30) as client:
+        for _ in range(12):  # the proxy spreads these over both router replicas
+            r = client.get("/v1/models", headers={"authorization": f"Bearer {CAROL}"})
+            assert r.status_code == 200, r.text
+            assert client.get("/v1/models").status_code == 401
+
+
+@pytest.mark.parametrize("path", ["/kvroute/replicas", "/openapi.json"])
+def test_operational_routes_need_a_key(stack: str, path: str) -> None:
+    """Review finding 6: these were open with keys on (replica ids and load; the API map)."""
+    r = httpx.get(f"{stack}{path}", timeout=30)
+    assert r.status_code == 401 and r.json()["error"]["code"] == "missing_api_key"
+    assert httpx.get(f"{stack}{path}", headers={"x-api-key": "nope"}, timeout=30).status_code == 401
+    assert httpx.get(f"{stack}{path}", headers={"x-api-key": BOB}, timeout=30).status_code == 200
+
+
+def test_health_and_metrics_stay_open_by_design(stack: str) -> None:
+    """Load-balancer probes and Prometheus scrapers carry no key (docs/auth.md): /health and
+    the merged /metrics (counts and replica ids, no prompt or key; cached ~1 s) stay open."""
+    assert httpx.get(f"{stack}/health", timeout=30).status_code == 200
+    r = httpx.get(f"{stack}/metrics", timeout=30)
+    assert r.status_code == 200 and "# TYPE kvroute_" in r.text
+    assert ALICE not in r.text and "alice" not in r.text
 
 
 async def _burst(url: str, n: int) -> tuple[list[httpx.Response], float]:

@@ -48,3 +48,43 @@ def test_merge_sums_counters_across_replicas() -> None:
     a = '# HELP x_total x\n# TYPE x_total counter\nx_total{m="a"} 2.0\n'
     b = '# HELP x_total x\n# TYPE x_total counter\nx_total{m="a"} 3.0\n'
     assert 'x_total{m="a"} 5.0' in merge([a, b])
+
+
+class _CountingHub:
+    """A hub whose ``collect`` counts calls and answers once released."""
+
+    def __init__(self) -> None:
+        self.push = _Method(answer=True)
+        self.collects = 0
+        self.release = asyncio.Event()
+
+    @property
+    def collect(self) -> _CountingHub:
+        return self
+
+    def remote(self) -> asyncio.Future[str]:
+        self.collects += 1
+        return asyncio.ensure_future(self._answer(self.collects))
+
+    async def _answer(self, n: int) -> str:
+        await self.release.wait()
+        return f"merge {n}\n"
+
+
+async def test_metrics_cache_merges_once_per_second_for_any_number_of_scrapes() -> None:
+    """Review finding 6: /metrics is open, so a scrape flood must not cost a push and a
+    cluster-wide merge each; concurrent scrapes share one, and it is reused for ~1 s."""
+    from router.metrics_hub import CACHE_S, MetricsCache
+
+    now = [100.0]
+    hub = _CountingHub()
+    cache = MetricsCache(hub, "r1", clock=lambda: now[0])  # type: ignore[arg-type]
+    scrapes = [asyncio.ensure_future(cache.text()) for _ in range(50)]
+    await asyncio.sleep(0)
+    hub.release.set()
+    assert set(await asyncio.gather(*scrapes)) == {"merge 1\n"}
+    now[0] += CACHE_S / 2
+    assert await cache.text() == "merge 1\n"
+    now[0] += CACHE_S
+    assert await cache.text() == "merge 2\n"
+    assert hub.collects == 2 and hub.push.calls == 2
