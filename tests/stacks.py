@@ -61,9 +61,17 @@ def deployed(cfg: KvrouteConfig, timeout_s: float = 120.0) -> Iterator[str]:
 
 
 def counter(url: str, name: str) -> float:
-    """A counter's total over all its label sets, from the stack's merged ``/metrics``."""
+    """A counter's total over all its label sets, from the stack's merged ``/metrics``.
+
+    ``/metrics`` is a snapshot up to ``CACHE_S`` old (``router.metrics_hub.MetricsCache``):
+    waiting that long first makes the figure include everything done before the call."""
+    import time
+
     import httpx
 
+    from router.metrics_hub import CACHE_S
+
+    time.sleep(CACHE_S + 0.1)
     text = httpx.get(f"{url}/metrics", timeout=10).text
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith((f"{name}{{", f"{name} ")))

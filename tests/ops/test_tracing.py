@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
+from router.metrics_hub import CACHE_S
 from tests.conftest import free_port
 from tests.stacks import counter, deployed, report_fault, sim_model, stack_config
 
@@ -147,9 +148,11 @@ def _counter(text: str, name: str) -> float:
 
 def test_metrics_counters_move(traced: dict[str, Any]) -> None:
     url = traced["url"]
+    time.sleep(CACHE_S + 0.1)  # /metrics is a snapshot up to CACHE_S old
     before = httpx.get(f"{url}/metrics").text
     for _ in range(3):
         assert _chat(url).status_code == 200
+    time.sleep(CACHE_S + 0.1)
     after = httpx.get(f"{url}/metrics").text
     assert _counter(after, "kvroute_requests_total") == _counter(before,
                                                                  "kvroute_requests_total") + 3
