@@ -28,6 +28,7 @@ import string
 from typing import Any
 
 from router.tool_calls import Event, ToolCall
+from workers.protocol import Final, Usage
 
 _ALPHABET = string.ascii_letters + string.digits
 
@@ -37,20 +38,19 @@ def new_id(prefix: str) -> str:
     return prefix + "".join(secrets.choice(_ALPHABET) for _ in range(24))
 
 
-def usage(final: dict[str, Any] | None, prompt_tokens: int) -> dict[str, int]:
-    u = (final or {}).get("usage") or {}
-    prompt = int(u.get("prompt_tokens", prompt_tokens))
-    cached = min(int(u.get("cached_tokens", 0)), prompt)
+def usage(final: Final | None, prompt_tokens: int) -> dict[str, int]:
+    u = final.usage if final is not None else Usage(prompt_tokens, 0, 0)
+    cached = min(u.cached_tokens, u.prompt_tokens)
     return {
-        "input_tokens": prompt - cached,
+        "input_tokens": u.prompt_tokens - cached,
         "cache_creation_input_tokens": 0,
         "cache_read_input_tokens": cached,
-        "output_tokens": int(u.get("completion_tokens", 0)),
+        "output_tokens": u.completion_tokens,
     }
 
 
 def stop_reason(
-    final: dict[str, Any] | None, tool_use: bool, context_bound: bool
+    final: Final | None, tool_use: bool, context_bound: bool
 ) -> tuple[str, str | None]:
     """(stop_reason, stop_sequence) from the engine's finish reason.
 
@@ -59,11 +59,10 @@ def stop_reason(
     by the worker as ``stop_sequence``) is ``stop_sequence``; otherwise a parsed
     tool call makes it ``tool_use``, else ``end_turn``.
     """
-    final = final or {}
-    if final.get("finish_reason") == "length":
+    if final is not None and final.finish_reason == "length":
         return ("model_context_window_exceeded" if context_bound else "max_tokens"), None
-    if isinstance(seq := final.get("stop_sequence"), str) and seq:
-        return "stop_sequence", seq
+    if final is not None and final.stop_sequence:
+        return "stop_sequence", final.stop_sequence
     return ("tool_use" if tool_use else "end_turn"), None
 
 

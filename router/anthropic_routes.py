@@ -30,7 +30,7 @@ import logging
 from collections.abc import AsyncIterator
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from router import anthropic_api as aa
 from router import tool_calls as tc
@@ -38,6 +38,7 @@ from router.anthropic_schema import CountTokensRequest, MessagesRequest
 from router.core import Generation, RouterCore
 from router.errors import ApiError
 from router.http_util import (
+    GenerationStream,
     encode_prompt,
     forwarded_headers,
     output_budget,
@@ -71,8 +72,7 @@ async def messages(core: RouterCore, request: Request) -> Response:
     headers = {**routing_headers(gen), "request-id": rid}
     reply = _Reply(gen, req, _parser(core, req), bound)
     if req.stream:
-        return StreamingResponse(reply.stream(), media_type="text/event-stream",
-                                 headers={**headers, "cache-control": "no-cache"})
+        return GenerationStream(reply.stream(), gen, headers)
     return JSONResponse(await reply.collect(), headers=headers)
 
 
@@ -129,9 +129,9 @@ class _Reply:
         return aa.message(self.mid, self.req.model, self.blocks.content, reason, seq, use)
 
     async def stream(self) -> AsyncIterator[bytes]:
-        yield aa.message_start(self.mid, self.req.model, self.gen.prompt_tokens)
-        yield aa.ping()
         try:
+            yield aa.message_start(self.mid, self.req.model, self.gen.prompt_tokens)
+            yield aa.ping()
             async for ev in tc.events(self.gen.messages(), self.parser):
                 for chunk in self.blocks.add(ev):
                     yield chunk

@@ -1,9 +1,9 @@
-"""Route one tokenized request: index lookup → pipeline → dispatch with retries.
+"""Route one tokenized request: index lookup → pipeline → dispatch (``router.dispatch``).
 
 ``RouterCore`` is API-agnostic: the OpenAI and Anthropic front ends both hand it
 token ids and get back a ``Generation`` that already holds the first message
 from the chosen replica (so headers can name it, and a replica that fails before
-its first token is retried on the next candidate).
+its first token is retried on the next candidate, by the ``Dispatcher``).
 """
 
 from __future__ import annotations
@@ -16,24 +16,22 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 
 from cache_service import IndexSettings, make_index
 from cache_service.hashing import block_hashes, model_salt
 from cache_service.index import PrefixIndex
 from deploy.config import KvrouteConfig, ModelConfig
-from ops import tracing
 from router import metrics, telemetry
 from router.admission import AdmissionGate, backed_up, own_prefill_s
 from router.auth import ApiKeyConfig, Authenticator
 from router.context import Candidate, RequestContext, build_candidate
+from router.dispatch import Dispatcher, Started
 from router.errors import ApiError
 from router.generation import Generation
 from router.load import LoadTracker
 from router.pipeline import Pipeline
 from router.ratelimit import RateLimiter
-from router.request_router import RANK_KWARG
 from router.selection import (
     RouteRequest,
     check_shared_tokenizers,
@@ -42,7 +40,7 @@ from router.selection import (
 )
 from router.tokenization import ChatTokenizer
 from router.views import replica_view
-from workers.publisher import from_wire
+from workers.protocol import Final, SamplingParams, Usage, WorkerMessage, WorkRequest
 
 log = logging.getLogger(__name__)
 _VIEW_WAIT_S = 10.0
@@ -56,8 +54,8 @@ class RouterCore:
         check_shared_tokenizers(config, self.tokenizers)
         self._salts = {m.name: model_salt(m.name) for m in config.models}
         by_ref = config.router.worker_transport == "actor"  # False: Serve's gRPC data plane
-        self._handles = {name: h.options(stream=True, _by_reference=by_ref)
-                         for name, h in handles.items()}
+        streaming = {name: h.options(stream=True, _by_reference=by_ref)
+                     for name, h in handles.items()}
         idx = config.index
         self.index: PrefixIndex = make_index(idx.redis_url, IndexSettings(
             namespace=idx.namespace, routed_ttl_s=idx.routed_ttl_s,
@@ -75,6 +73,10 @@ class RouterCore:
             on_error=lambda op: metrics.INDEX_ERRORS.labels(op).inc(),
         )
         self.loads = LoadTracker()
+        self.max_resumes = config.router.max_resumes
+        self.dispatcher = Dispatcher(
+            streaming, self.loads, config.router.max_retries,
+            config.router.first_token_timeout_s, self._record_routed, self.remember)
         self._known: dict[str, set[str]] = {}
         self._ticks = 0
         self.router_id = ""  # this router replica, for the x-kvroute-router header
@@ -117,7 +119,7 @@ class RouterCore:
             self._spawn(self.limiter.refund(key, tokens))
 
     async def generate(
-        self, model: str, token_ids: list[int], sampling: dict[str, Any], request_id: str,
+        self, model: str, token_ids: list[int], sampling: SamplingParams, request_id: str,
         headers: Mapping[str, str] | None = None, session_id: str | None = None,
         api_key: ApiKeyConfig | None = None, has_tools: bool = False,
     ) -> Generation:
@@ -130,14 +132,17 @@ class RouterCore:
                            has_tools)
         if api_key is None:
             return await self._generate(req)
-        charged = len(token_ids) + int(sampling["max_tokens"])
+        charged = len(token_ids) + sampling.max_tokens
         await self.limiter.admit(api_key, charged)
         try:
             gen = await self._generate(req)
+        except asyncio.CancelledError:  # the client left: its prompt stays charged
+            self.refund(api_key, sampling.max_tokens)
+            raise
         except BaseException:
             self.refund(api_key, charged)  # nothing was generated
             raise
-        gen.api_key, gen.max_tokens = api_key, int(sampling["max_tokens"])
+        gen.api_key, gen.max_tokens = api_key, sampling.max_tokens
         return gen
 
     async def _generate(self, req: RouteRequest) -> Generation:
@@ -152,14 +157,20 @@ class RouterCore:
             ctx = await self._context(req, weights, hashes)  # the view after the wait
         ranked = self._rank(ctx)
         metrics.ROUTE.observe(time.perf_counter() - started)
-        payload = {"request_id": req.request_id, "token_ids": req.token_ids,
-                   "sampling": req.sampling}
-        gen = await self._dispatch_with_retries(ranked, ctx, payload, info)
+        work = WorkRequest(req.request_id, req.token_ids, req.sampling)
+        run = await self.dispatcher.dispatch(ranked, ctx, work, info)
+        gen = self._generation(run, req, info)
         gen.request = dataclasses.replace(req, name=gen.model)  # what a resume starts from
         info.model = gen.model
         if req.session_id:
             self._spawn(self.index.record_session(req.session_id, gen.model, gen.replica))
         return gen
+
+    def _generation(self, run: Started, req: RouteRequest,
+                    info: telemetry.RequestInfo) -> Generation:
+        return Generation(run.model, run.target.replica, self.router_id,
+                          run.target.matched_tokens, len(req.token_ids), run.first, run, self,
+                          info)
 
     def _hashes(self, token_ids: list[int], models: Mapping[str, float]) -> dict[str, list[int]]:
         bs = self.config.index.block_size
@@ -213,46 +224,15 @@ class RouterCore:
     async def _sticky(self, session_id: str | None) -> tuple[str, str] | None:
         return await self.index.session(session_id) if session_id else None
 
-    async def _dispatch_with_retries(
-        self, ranked: list[Candidate], ctx: RequestContext, payload: dict[str, Any],
-        info: telemetry.RequestInfo,
-    ) -> Generation:
-        failed: set[tuple[str, str]] = set()
-        with telemetry.TRACER.start_as_current_span("dispatch") as span:
-            payload["trace"] = tracing.inject()  # the worker's spans join this trace
-            for attempt in range(self.config.router.max_retries + 1):
-                left = [c for c in ranked if (c.model, c.replica) not in failed] or ranked
-                model = left[0].model  # the best pair's model, with its replicas in rank order
-                order = [c for c in left if c.model == model]
-                try:
-                    gen = await self._dispatch(model, order, ctx, ctx.hashes[model], payload,
-                                               info)
-                except ApiError as e:  # overloaded or stuck: fall back to the next model
-                    if e.code not in ("overloaded", "timeout") or all(
-                            c.model == model for c in left):
-                        raise
-                    failed |= {(model, c.replica) for c in order}
-                    continue
-                if gen is not None:
-                    span.set_attribute("kvroute.replica", gen.replica)
-                    span.set_attribute("kvroute.retry", attempt)
-                    return gen
-                failed.add((model, order[0].replica))
-                metrics.RETRIES.labels(model).inc()
-        info.failed = True
-        raise ApiError(503, f"no replica of {ranked[0].model!r} could take the request",
-                       "no_replica")
-
-    async def resume(self, gen: Generation, err: Exception) -> dict[str, Any]:
+    async def resume(self, gen: Generation, err: Exception) -> WorkerMessage:
         """Route the rest of a cut stream: prompt + sent tokens, on the same model, never
         the replica that failed; returns the first message of the continuation."""
         assert gen.request is not None
-        sampling = dict(gen.request.sampling)
-        sampling["max_tokens"] = int(sampling["max_tokens"]) - len(gen.sent)
-        if sampling["max_tokens"] <= 0:  # cut between the last token and the final message
-            return {"replica": gen.replica, "finish_reason": "length", "stop_sequence": None,
-                    "usage": {"prompt_tokens": gen.prompt_tokens, "cached_tokens": 0,
-                              "completion_tokens": len(gen.sent) - gen.carried}}
+        left = gen.request.sampling.max_tokens - len(gen.sent)
+        if left <= 0:  # cut between the last token and the final message
+            return Final(gen.replica, Usage(gen.prompt_tokens, len(gen.sent) - gen.carried, 0),
+                         "length")
+        sampling = dataclasses.replace(gen.request.sampling, max_tokens=left)
         ids = gen.request.token_ids + gen.sent
         req = dataclasses.replace(gen.request, token_ids=ids, sampling=sampling,
                                   request_id=f"{gen.request.request_id}-r{gen.resumes}")
@@ -262,47 +242,8 @@ class RouterCore:
         if not ranked:
             raise err
         metrics.RESUMES.labels(gen.model).inc()
-        payload = {"request_id": req.request_id, "token_ids": ids, "sampling": sampling}
-        return gen.adopt(await self._dispatch_with_retries(ranked, ctx, payload, gen._info))
-
-    async def _dispatch(
-        self, model: str, order: list[Candidate], ctx: RequestContext,
-        hashes: list[int], payload: dict[str, Any], info: telemetry.RequestInfo,
-    ) -> Generation | None:
-        target = order[0]
-        self.remember(model, target.replica)
-        ticket = self.loads.begin(model, target.replica, ctx.uncached(target))
-        self._spawn(self.index.record_routed(model, target.replica, hashes))
-        resp = self._handles[model].generate.remote(
-            payload, **{RANK_KWARG: [c.replica for c in order]}
-        )
-        try:
-            first = await asyncio.wait_for(anext(resp), self.config.router.first_token_timeout_s)
-        except BackPressureError as e:  # every replica full and the queue at its bound
-            self.loads.end(ticket)
-            raise ApiError(503, f"{model!r} is overloaded; retry later", "overloaded",
-                           retry_after_s=max(1.0, e.retry_after_s or 1.0)) from None
-        except TimeoutError:
-            resp.cancel()
-            self.loads.end(ticket)
-            raise ApiError(503, f"{model!r} did not start the request in time", "timeout",
-                           retry_after_s=5.0) from None
-        except Exception as e:  # the replica failed before its first token: retry
-            log.warning("replica %s failed before first token: %r", target.replica, e)
-            self.loads.end(ticket)
-            return None
-        if "error" in first:  # the engine refused the input itself (e.g. too long)
-            self.loads.end(ticket)
-            raise ApiError(int(first.get("status", 400)), str(first["error"]), "engine_rejected")
-        actual = str(first.get("replica", target.replica))
-        if actual != target.replica:  # Serve's router moved it (target full or gone)
-            self.loads.end(ticket)
-            target = next((c for c in order if c.replica == actual), Candidate(model, actual))
-            ticket = self.loads.begin(model, actual, ctx.uncached(target))
-        return Generation(
-            model, actual, self.router_id, target.matched_tokens, len(payload["token_ids"]),
-            first, resp, self, ticket, info,
-        )
+        work = WorkRequest(req.request_id, ids, sampling)
+        return gen.adopt(await self.dispatcher.dispatch(ranked, ctx, work, gen._info))
 
     async def _all_candidates(
         self, weights: Mapping[str, float], match: Mapping[str, Mapping[str, int]]
@@ -329,9 +270,12 @@ class RouterCore:
             for info in view
         ]
 
-    async def on_final(self, model: str, msg: dict[str, Any]) -> None:
-        if events := msg.get("events"):
-            self._spawn(self.index.apply_events(from_wire(events)))
+    def on_final(self, model: str, final: Final) -> None:
+        if final.events:  # the embedded index: the replica's cache events ride back here
+            self._spawn(self.index.apply_events(list(final.events)))
+
+    def _record_routed(self, model: str, replica: str, hashes: list[int]) -> None:
+        self._spawn(self.index.record_routed(model, replica, hashes))
 
     def remember(self, model: str, replica: str) -> None:
         """Known replicas are purged from the index once Serve's view drops them; one

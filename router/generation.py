@@ -8,27 +8,43 @@ is reported against the original prompt. Only tokens whose text was released cou
 sent (a worker holds back text that may start a stop string), so nothing is duplicated
 or skipped. Resuming keeps the model: another model would change the distribution the
 first tokens were sampled from. NVIDIA Dynamo calls this request migration.
+
+A generation reports to its owner (``StreamOwner``: ``RouterCore`` in production, a
+fake in unit tests) and never imports it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-from ray.serve.handle import DeploymentResponseGenerator
+from typing import Protocol
 
 from router import telemetry
 from router.auth import ApiKeyConfig
-from router.load import Ticket
+from router.dispatch import Started
+from router.load import LoadTracker
 from router.selection import RouteRequest
-
-if TYPE_CHECKING:
-    from router.core import RouterCore
+from workers.protocol import Chunk, Final, Usage, WorkerMessage
 
 log = logging.getLogger(__name__)
+
+
+class StreamOwner(Protocol):
+    """What a generation reports to and resumes through."""
+
+    loads: LoadTracker
+    max_resumes: int
+
+    def on_first_token(self) -> None: ...
+
+    def on_final(self, model: str, final: Final) -> None: ...
+
+    def refund(self, key: ApiKeyConfig, tokens: int) -> None: ...
+
+    async def resume(self, gen: Generation, err: Exception) -> WorkerMessage: ...
 
 
 @dataclass(slots=True)
@@ -40,12 +56,11 @@ class Generation:
     router: str
     predicted_cached_tokens: int
     prompt_tokens: int
-    first: dict[str, Any]
-    _rest: DeploymentResponseGenerator
-    _core: RouterCore
-    _ticket: Ticket
+    first: WorkerMessage
+    _run: Started
+    _owner: StreamOwner
     _info: telemetry.RequestInfo
-    final: dict[str, Any] | None = None
+    final: Final | None = None
     _closed: bool = field(default=False)
     api_key: ApiKeyConfig | None = None  # set when rate-limited: close() refunds unused tokens
     max_tokens: int = 0
@@ -54,18 +69,18 @@ class Generation:
     carried: int = 0  # tokens sent before the current replica took over
     resumes: int = 0
 
-    async def messages(self) -> AsyncIterator[dict[str, Any]]:
+    async def messages(self) -> AsyncIterator[WorkerMessage]:
         try:
-            msg: dict[str, Any] | None = self.first
+            msg: WorkerMessage | None = self.first
             while msg is not None:
-                if "finish_reason" in msg and self.carried:
+                if isinstance(msg, Final) and self.carried:
                     msg = self._whole_usage(msg)
                 self._observe(msg)
-                if "finish_reason" in msg:
+                if isinstance(msg, Final):
                     self.final = msg
-                    await self._core.on_final(self.model, msg)
-                else:
-                    self.sent.extend(msg.get("ids", ()))
+                    self._owner.on_final(self.model, msg)
+                elif isinstance(msg, Chunk):
+                    self.sent.extend(msg.token_ids)
                 yield msg
                 msg = None if self.final else await self._next()
         except Exception:
@@ -74,48 +89,50 @@ class Generation:
         finally:
             self.close()
 
-    async def _next(self) -> dict[str, Any] | None:
+    async def _next(self) -> WorkerMessage | None:
         try:
-            return await anext(self._rest, None)
+            return await anext(self._run.stream, None)
         except Exception as e:  # the replica failed mid-stream
-            if self.request is None or self.resumes >= self._core.config.router.max_resumes:
+            if self.request is None or self.resumes >= self._owner.max_resumes:
                 raise
             self.resumes += 1
             log.warning("stream %s cut on replica %s (%r); resuming after %d tokens",
                         self.request.request_id, self.replica, e, len(self.sent))
-            return await self._core.resume(self, e)
+            return await self._owner.resume(self, e)
 
-    def adopt(self, other: Generation) -> dict[str, Any]:
+    def adopt(self, other: Started) -> WorkerMessage:
         """Continue with ``other``'s stream (a resume); returns its first message."""
-        self._core.loads.end(self._ticket)
-        self.replica, self._rest, self._ticket = other.replica, other._rest, other._ticket
+        self._owner.loads.end(self._run.ticket)
+        self.replica, self._run = other.target.replica, other
         self.carried = len(self.sent)
-        other._closed = True  # its ticket and stream are this generation's now
         return other.first
 
-    def _whole_usage(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def _whole_usage(self, msg: Final) -> Final:
         """The resumed replica counted the sent tokens as prompt: count them as output."""
-        usage = dict(msg.get("usage") or {})
-        usage["prompt_tokens"] = self.prompt_tokens
-        usage["completion_tokens"] = self.carried + int(usage.get("completion_tokens", 0))
-        usage["cached_tokens"] = min(int(usage.get("cached_tokens", 0)), self.prompt_tokens)
-        return {**msg, "usage": usage}
+        u = msg.usage
+        usage = Usage(self.prompt_tokens, self.carried + u.completion_tokens,
+                      min(u.cached_tokens, self.prompt_tokens))
+        return dataclasses.replace(msg, usage=usage)
 
-    def _observe(self, msg: dict[str, Any]) -> None:
-        if "text" in msg or "finish_reason" in msg:
-            self._core.loads.first_token(self._ticket)
-            self._core.on_first_token()
+    def _observe(self, msg: WorkerMessage) -> None:
+        if isinstance(msg, Chunk | Final):
+            self._owner.loads.first_token(self._run.ticket)
+            self._owner.on_first_token()
             if self._info.first_token_at is None:
                 self._info.first_token_at = time.monotonic()
-        if "finish_reason" in msg:
-            telemetry.record_usage(self._info, msg, self.predicted_cached_tokens)
+        if isinstance(msg, Final):
+            telemetry.record_usage(self._info, msg.usage, self.predicted_cached_tokens)
 
     def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self._core.loads.end(self._ticket)
-            if self.final is None:
-                self._rest.cancel()  # client went away: abort on the worker
-            elif self.api_key is not None:  # give back the max_tokens it did not use
-                used = int((self.final.get("usage") or {}).get("completion_tokens", 0))
-                self._core.refund(self.api_key, self.max_tokens - used)
+        """End the load ticket; abort on the worker if unfinished (the client left), else
+        give back the output tokens the key was charged for and did not use."""
+        if self._closed:
+            return
+        self._closed = True
+        self._owner.loads.end(self._run.ticket)
+        if self.final is None:
+            self._run.stream.cancel()
+        if self.api_key is not None:
+            used = len(self.sent) if self.final is None else self.final.usage.completion_tokens
+            self._owner.refund(self.api_key, self.max_tokens - used)
+

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
 from fastapi import Request
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ValidationError
 from ray import serve
 
@@ -13,6 +15,7 @@ from router.core import Generation, RouterCore
 from router.errors import ApiError
 from router.normalize import ChatPrompt
 from router.tokenization import ChatTokenizer, TemplateRenderError
+from workers.protocol import SamplingParams
 
 MAX_BODY_BYTES = 32 << 20
 M = TypeVar("M", bound=BaseModel)
@@ -82,6 +85,24 @@ def request_id(prefix: str) -> str:
     return rid or f"{prefix}-{uuid.uuid4().hex}"
 
 
+class GenerationStream(StreamingResponse):
+    """A streamed reply that closes its generation however the response ends: a client
+    that leaves before the body's first byte never starts the body's generator, whose
+    own ``finally`` would then never run (the worker request would go on)."""
+
+    def __init__(self, body: AsyncIterator[bytes], gen: Generation,
+                 headers: dict[str, str]) -> None:
+        super().__init__(body, media_type="text/event-stream",
+                         headers={**headers, "cache-control": "no-cache"})
+        self.gen = gen
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.gen.close()
+
+
 def routing_headers(gen: Generation) -> dict[str, str]:
     # Serve itself echoes x-request-id (the client's, or its own).
     return {
@@ -115,11 +136,7 @@ def output_budget(core: RouterCore, model: str, prompt_len: int, limit: int | No
 
 
 def sampling(max_tokens: int, temperature: float | None, top_p: float | None,
-             stop: tuple[str, ...], seed: int | None) -> dict[str, Any]:
-    return {
-        "max_tokens": max_tokens,
-        "temperature": 0.0 if temperature is None else temperature,
-        "top_p": 1.0 if top_p is None else top_p,
-        "stop": stop,
-        "seed": seed,
-    }
+             stop: tuple[str, ...], seed: int | None) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens,
+                          temperature=0.0 if temperature is None else temperature,
+                          top_p=1.0 if top_p is None else top_p, stop=stop, seed=seed)

@@ -14,22 +14,21 @@ import uuid
 from typing import Any
 
 from router.tool_calls import ToolCall
+from workers.protocol import Final, Usage
 
 
-def usage_block(final: dict[str, Any] | None) -> dict[str, Any]:
-    u = (final or {}).get("usage") or {}
-    prompt, completion = int(u.get("prompt_tokens", 0)), int(u.get("completion_tokens", 0))
+def usage_block(final: Final | None) -> dict[str, Any]:
+    u = final.usage if final is not None else Usage(0, 0, 0)
     return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": int(u.get("cached_tokens", 0))},
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
     }
 
 
-def finish_reason(final: dict[str, Any] | None, tool_calls: bool = False) -> str:
-    reason = (final or {}).get("finish_reason", "stop")
-    if reason == "length":
+def finish_reason(final: Final | None, tool_calls: bool = False) -> str:
+    if final is not None and final.finish_reason == "length":
         return "length"
     return "tool_calls" if tool_calls else "stop"
 
@@ -43,7 +42,7 @@ def tool_call(call: ToolCall, index: int | None = None) -> dict[str, Any]:
 
 
 def chat_completion(
-    rid: str, model: str, text: str, final: dict[str, Any] | None,
+    rid: str, model: str, text: str, final: Final | None,
     calls: list[ToolCall] | None = None,
 ) -> dict:
     message: dict[str, Any] = {"role": "assistant", "content": text}
@@ -60,7 +59,7 @@ def chat_completion(
     }
 
 
-def text_completion(rid: str, model: str, text: str, final: dict[str, Any] | None) -> dict:
+def text_completion(rid: str, model: str, text: str, final: Final | None) -> dict:
     return {
         "id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
         "choices": [{
@@ -84,7 +83,7 @@ def text_chunk(rid: str, model: str, text: str, reason: str | None) -> dict:
     }
 
 
-def usage_chunk(rid: str, model: str, obj: str, final: dict[str, Any] | None) -> dict:
+def usage_chunk(rid: str, model: str, obj: str, final: Final | None) -> dict:
     return {
         "id": rid, "object": obj, "created": int(time.time()), "model": model,
         "choices": [], "usage": usage_block(final),

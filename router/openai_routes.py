@@ -18,13 +18,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from router import openai_api as oa
 from router import tool_calls as tc
 from router.core import Generation, RouterCore
 from router.errors import ApiError
 from router.http_util import (
+    GenerationStream,
     encode_prompt,
     forwarded_headers,
     output_budget,
@@ -112,8 +113,7 @@ async def _serve(core: RouterCore, request: Request, req: SamplingFields, ids: l
     headers = routing_headers(gen)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        body = _stream(gen, rid, req.model, out, include_usage)
-        return StreamingResponse(body, media_type="text/event-stream", headers=headers)
+        return GenerationStream(_stream(gen, rid, req.model, out, include_usage), gen, headers)
     result = out or _Output(None, False)
     try:
         async for ev in tc.events(gen.messages(), result.parser):
@@ -135,9 +135,9 @@ async def _stream(
     gen: Generation, rid: str, model: str, out: _Output | None, include_usage: bool
 ) -> AsyncIterator[bytes]:
     chat = out is not None
-    if chat:
-        yield oa.sse(oa.chat_chunk(rid, model, {"role": "assistant", "content": ""}, None))
     try:
+        if chat:
+            yield oa.sse(oa.chat_chunk(rid, model, {"role": "assistant", "content": ""}, None))
         async for ev in tc.events(gen.messages(), out.parser if out else None):
             if out is None:
                 yield oa.sse(oa.text_chunk(rid, model, str(ev), None))

@@ -27,25 +27,26 @@ from typing import Any
 from router.responses_schema import ResponsesRequest
 from router.responses_tools import CUSTOM_INPUT, TOOL_SEARCH, ToolCatalog, template_name
 from router.tool_calls import Event, ToolCall
+from workers.protocol import Final, Usage
 
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-def usage(final: dict[str, Any] | None, prompt_tokens: int) -> dict[str, Any]:
-    u = (final or {}).get("usage") or {}
-    prompt = int(u.get("prompt_tokens", prompt_tokens))
-    output = int(u.get("completion_tokens", 0))
+def usage(final: Final | None, prompt_tokens: int) -> dict[str, Any]:
+    u = final.usage if final is not None else Usage(prompt_tokens, 0, 0)
+    prompt, output = u.prompt_tokens, u.completion_tokens
     return {"input_tokens": prompt,
-            "input_tokens_details": {"cached_tokens": min(int(u.get("cached_tokens", 0)), prompt)},
+            "input_tokens_details": {"cached_tokens": min(u.cached_tokens, prompt)},
             "output_tokens": output, "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": prompt + output}
 
 
-def status(final: dict[str, Any] | None) -> str:
+def status(final: Final | None) -> str:
     """``incomplete`` when the output limit cut the reply, else ``completed``."""
-    return "incomplete" if (final or {}).get("finish_reason") == "length" else "completed"
+    return "incomplete" if final is not None and final.finish_reason == "length" \
+        else "completed"
 
 
 def sse(data: dict[str, Any]) -> bytes:
@@ -90,7 +91,7 @@ class Output:
                               logprobs=[]))
         return out
 
-    def finish(self, final: dict[str, Any] | None, prompt_tokens: int) -> list[bytes]:
+    def finish(self, final: Final | None, prompt_tokens: int) -> list[bytes]:
         """Close the open message; the closing event with the whole response."""
         out = self._close_text()
         done = status(final)

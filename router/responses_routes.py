@@ -22,12 +22,13 @@ import logging
 from collections.abc import AsyncIterator
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from router import tool_calls as tc
 from router.core import Generation, RouterCore
 from router.errors import ApiError
 from router.http_util import (
+    GenerationStream,
     encode_prompt,
     forwarded_headers,
     output_budget,
@@ -66,8 +67,7 @@ async def create(core: RouterCore, store: ResponseStore, request: Request) -> Re
     reply = _Reply(gen, out, parser, store if req.store else None, conversation)
     headers = routing_headers(gen)
     if req.stream:
-        return StreamingResponse(reply.stream(), media_type="text/event-stream",
-                                 headers={**headers, "cache-control": "no-cache"})
+        return GenerationStream(reply.stream(), gen, headers)
     return JSONResponse(await reply.collect(), headers=headers)
 
 
@@ -105,9 +105,9 @@ class _Reply:
         return self.out.response(status(final), usage(final, self.gen.prompt_tokens))
 
     async def stream(self) -> AsyncIterator[bytes]:
-        for event in self.out.start():
-            yield event
         try:
+            for event in self.out.start():
+                yield event
             async for ev in tc.events(self.gen.messages(), self.parser):
                 for event in self.out.add(ev):
                     yield event

@@ -20,18 +20,18 @@ import functools
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from deploy.config import KvrouteConfig
 from router.context import Candidate, RequestContext
 from router.tokenization import ChatTokenizer
+from workers.protocol import SamplingParams
 
 
 @dataclass(frozen=True, slots=True)
 class RouteRequest:
     name: str  # model, group or 'auto'
     token_ids: list[int]
-    sampling: dict[str, Any]
+    sampling: SamplingParams
     request_id: str
     headers: Mapping[str, str]
     session_id: str | None
@@ -62,7 +62,7 @@ def request_context(
     return RequestContext(
         req.request_id, {m: len(req.token_ids) for m in weights}, hashes,
         config.index.block_size, candidates, req.headers, req.session_id,
-        model_weights=dict(weights), max_tokens=int(req.sampling.get("max_tokens", 0)),
+        model_weights=dict(weights), max_tokens=req.sampling.max_tokens,
         context_windows={n: m.context_window for n, m in models.items()},
         has_tools=req.has_tools,
         tool_models=frozenset(n for n, m in models.items() if m.supports_tools),

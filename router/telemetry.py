@@ -19,6 +19,7 @@ from opentelemetry import context, trace
 
 from ops.tracing import extract, tracer
 from router import metrics
+from workers.protocol import Usage
 
 TRACER = tracer("kvroute.router")
 
@@ -41,11 +42,9 @@ def current() -> RequestInfo:
     return CURRENT.get() or RequestInfo()
 
 
-def record_usage(info: RequestInfo, final: dict[str, Any], predicted: int) -> None:
+def record_usage(info: RequestInfo, usage: Usage, predicted: int) -> None:
     """Called once per finished generation: usage counters and span attributes."""
-    u = final.get("usage") or {}
-    prompt, cached = int(u.get("prompt_tokens", 0)), int(u.get("cached_tokens", 0))
-    out = int(u.get("completion_tokens", 0))
+    prompt, cached, out = usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens
     m = info.model
     metrics.PROMPT_TOKENS.labels(m).inc(prompt)
     metrics.CACHED_TOKENS.labels(m).inc(cached)

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from router.tokenization import resolve_model_dir
+from workers.protocol import Chunk, WorkerMessage
 
 ToolCallDecoder = Callable[[str], "list[ToolCall] | None"]
 
@@ -258,11 +259,11 @@ def family_for_model(model_path: str) -> str | None:
 
 
 async def events(
-    messages: AsyncIterator[dict[str, Any]], parser: MarkerParser | None
+    messages: AsyncIterator[WorkerMessage], parser: MarkerParser | None
 ) -> AsyncIterator[Event]:
-    """Wire messages → text and tool-call events (text passes through without a parser)."""
+    """Worker messages → text and tool-call events (text passes through without a parser)."""
     async for msg in messages:
-        if text := msg.get("text"):
+        if isinstance(msg, Chunk) and (text := msg.text):
             for ev in parser.feed(text) if parser else (text,):
                 yield ev
     if parser is not None:

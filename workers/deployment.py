@@ -1,9 +1,10 @@
 """The worker deployment: one Serve deployment per model, one engine per replica.
 
-A thin shim over ``workers.protocol.Engine``. The router calls ``generate``
-with token ids and a ranked replica hint (read by ``router.request_router``);
-the stream yields wire dicts: text chunks, then one final message with usage
-measured by the engine (and, with the memory index, the replica's cache events).
+A thin shim over ``workers.protocol.Engine``. The router calls ``generate`` with a
+``WorkRequest`` and a ranked replica hint (read by ``router.request_router``); the
+stream yields ``WorkerMessage``s: ``Chunk``s, then one ``Final`` with usage measured
+by the engine (and, with the memory index, the replica's cache events), or a
+``Rejected`` first message for input the engine refuses.
 """
 
 from __future__ import annotations
@@ -21,11 +22,22 @@ from deploy.config import IndexConfig, ModelConfig
 from ops.tracing import setup_tracing, shutdown_tracing
 from workers.direct_http import DirectHttp
 from workers.engines import make_engine
-from workers.protocol import Finished, GenerateRequest, SamplingParams
-from workers.publisher import IndexPublisher, to_wire
+from workers.protocol import (
+    Chunk,
+    Final,
+    Finished,
+    GenerateRequest,
+    Rejected,
+    TokenChunk,
+    WorkerMessage,
+    WorkRequest,
+)
+from workers.publisher import IndexPublisher
 from workers.spans import GenerationSpans
 
 log = logging.getLogger(__name__)
+
+
 class ModelWorker:
     async def __init__(self, model: dict[str, Any], index: dict[str, Any]) -> None:
         setup_tracing("kvroute-worker")
@@ -52,61 +64,47 @@ class ModelWorker:
         log.info("worker %s/%s ready (%s)", self._cfg.name, self._replica, self._cfg.engine)
 
     async def generate(
-        self, request: dict[str, Any], kvroute_rank: list[str] | None = None
-    ) -> AsyncIterator[dict[str, Any]]:
+        self, request: WorkRequest, kvroute_rank: list[str] | None = None
+    ) -> AsyncIterator[WorkerMessage]:
         """Stream one generation. ``kvroute_rank`` is consumed by the request router."""
-        req = GenerateRequest(
-            request_id=self._engine_id(str(request["request_id"])),
-            token_ids=[int(t) for t in request["token_ids"]],
-            sampling=SamplingParams(**request.get("sampling", {})),
-        )
-        spans = GenerationSpans(request.get("trace"), {
+        req = GenerateRequest(self._engine_id(request.request_id), request.token_ids,
+                              request.sampling)
+        spans = GenerationSpans(request.trace, {
             "gen_ai.request.model": self._cfg.name, "kvroute.replica": self._replica,
             "gen_ai.usage.input_tokens": len(req.token_ids),
         })
-        final: dict[str, Any] | None = None
+        final: Final | None = None
         try:
             async for item in self._guarded(req):
                 spans.first_token()
-                if isinstance(item, dict):
-                    yield item
-                elif isinstance(item, Finished):
+                if isinstance(item, Finished):
                     final = self._final(item)
                     yield final
+                elif isinstance(item, TokenChunk):
+                    yield Chunk(self._replica, item.text, item.token_ids)
                 else:
-                    yield {"replica": self._replica, "text": item.text, "n": len(item.token_ids),
-                           "ids": list(item.token_ids)}  # what the router resumes from
+                    yield item
         finally:
-            spans.finish(final["usage"] if final else None, error=final is None)
+            spans.finish(final.usage if final else None, error=final is None)
 
     def _engine_id(self, request_id: str) -> str:
         """The router's id (the client's ``x-request-id`` when it sent one) made unique on
         this engine: clients reuse ids, and an engine refuses an id that is still running."""
         return f"{request_id}#{next(self._ids)}"
 
-    async def _guarded(self, req: GenerateRequest) -> AsyncIterator[Any]:
-        """The engine's stream; input it rejects becomes an error message, not a crash."""
+    async def _guarded(self, req: GenerateRequest) -> AsyncIterator[TokenChunk | Finished
+                                                                    | Rejected]:
+        """The engine's stream; input it refuses becomes a ``Rejected``, not a crash."""
         try:
             async for item in self._engine.generate(req):
                 yield item
-        except ValueError as e:
-            yield {"replica": self._replica, "error": str(e), "status": 400}
+        except ValueError as e:  # InputRejected, or a runtime's own input check
+            yield Rejected(self._replica, str(e))
 
-    def _final(self, item: Finished) -> dict[str, Any]:
-        u = item.usage
-        msg: dict[str, Any] = {
-            "replica": self._replica,
-            "finish_reason": item.finish_reason,
-            "stop_sequence": item.stop_sequence,
-            "usage": {
-                "prompt_tokens": u.prompt_tokens,
-                "completion_tokens": u.completion_tokens,
-                "cached_tokens": u.cached_tokens,
-            },
-        }
-        if self._publisher is None:
-            msg["events"] = to_wire(self._engine.drain_cache_events())
-        return msg
+    def _final(self, item: Finished) -> Final:
+        events = () if self._publisher is not None else \
+            tuple(self._engine.drain_cache_events())
+        return Final(self._replica, item.usage, item.finish_reason, item.stop_sequence, events)
 
     async def load(self) -> dict[str, Any]:
         stats = self._engine.load()

@@ -59,8 +59,9 @@ from router import tool_calls as tc
 from router.errors import ApiError, openai_error
 from router.openai_schema import ChatCompletionRequest, CompletionRequest, SamplingFields
 from router.tokenization import ChatTokenizer, TemplateRenderError, resolve_model_dir
+from workers.protocol import Final, Rejected, SamplingParams, WorkerMessage, WorkRequest
 
-Generate = Callable[..., AsyncIterator[dict[str, Any]]]
+Generate = Callable[[WorkRequest], AsyncIterator[WorkerMessage]]
 M = TypeVar("M", bound=BaseModel)
 log = logging.getLogger(__name__)
 DEFAULT_MAX_TOKENS = 1024
@@ -228,14 +229,12 @@ class DirectHttp:
     async def _serve(self, req: SamplingFields, ids: list[int], chat: bool,
                      parser: tc.MarkerParser | None) -> Response:
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-        payload = {"request_id": rid, "token_ids": ids, "sampling": {
-            "max_tokens": req.output_limit() or DEFAULT_MAX_TOKENS,
-            "temperature": 0.0 if req.temperature is None else req.temperature,
-            "top_p": 1.0 if req.top_p is None else req.top_p,
-            "stop": req.stop_list(), "seed": req.seed,
-        }}
+        sampling = SamplingParams(
+            max_tokens=req.output_limit() or DEFAULT_MAX_TOKENS,
+            temperature=0.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p, stop=req.stop_list(), seed=req.seed)
         self.ongoing += 1
-        gen = self._generate(payload)
+        gen = self._generate(WorkRequest(rid, ids, sampling))
         try:
             first = await anext(gen)
         except Exception as e:  # the engine failed before its first token
@@ -243,7 +242,11 @@ class DirectHttp:
             await gen.aclose()
             log.warning("direct request %s failed: %r", rid, e)
             return openai_error(ApiError(503, "generation failed", "replica_failed"))
-        headers = {"x-kvroute-replica": str(first.get("replica", "")), "x-request-id": rid}
+        if isinstance(first, Rejected):
+            self.ongoing -= 1
+            await gen.aclose()
+            return openai_error(ApiError(first.status, first.message, "engine_rejected"))
+        headers = {"x-kvroute-replica": first.replica, "x-request-id": rid}
         run = _Run(gen, first, parser)
         if req.stream:
             include = bool(req.stream_options and req.stream_options.include_usage)
@@ -288,17 +291,17 @@ class DirectHttp:
 class _Run:
     """One generation's wire messages → text / tool-call deltas, final message kept."""
 
-    def __init__(self, gen: AsyncIterator[dict[str, Any]], first: dict[str, Any],
+    def __init__(self, gen: AsyncIterator[WorkerMessage], first: WorkerMessage,
                  parser: tc.MarkerParser | None) -> None:
         self.gen, self.first, self.parser = gen, first, parser
-        self.final: dict[str, Any] | None = None
+        self.final: Final | None = None
         self.text: list[str] = []
         self.calls: list[tc.ToolCall] = []
 
-    async def _messages(self) -> AsyncIterator[dict[str, Any]]:
-        msg: dict[str, Any] | None = self.first
+    async def _messages(self) -> AsyncIterator[WorkerMessage]:
+        msg: WorkerMessage | None = self.first
         while msg is not None:
-            if "finish_reason" in msg:
+            if isinstance(msg, Final):
                 self.final = msg
             yield msg
             msg = None if self.final else await anext(self.gen, None)

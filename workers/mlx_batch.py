@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from cache_service.hashing import model_salt
 from workers.kv_store import PrefixKVStore
-from workers.protocol import EngineError, Finished, SamplingParams, TokenChunk, Usage
+from workers.protocol import EngineError, Finished, InputRejected, SamplingParams, TokenChunk, Usage
 from workers.stops import StopMatcher
 
 if TYPE_CHECKING:  # records shared with the adapter, which imports this module
@@ -62,7 +62,7 @@ class _Seq:
 SEED_RANGE = (0, 2**64)  # what mx.random.key takes
 
 
-class SamplingError(ValueError):
+class SamplingError(InputRejected):
     """A job's sampling parameters the engine cannot use: the caller's input (a 400)."""
 
 

@@ -1,8 +1,17 @@
-"""The narrow engine protocol every worker engine (mlx, vllm, sim) implements.
+"""The narrow engine protocol every worker engine (mlx, vllm, sim) implements, and the
+typed records that cross the Serve handle between router and worker.
 
 The Serve deployment in ``workers.deployment`` is a thin shim over this: it feeds
 token ids in, streams ``TokenChunk``s out, ends with ``Finished`` (usage measured
 by the engine itself), and forwards the engine's cache events to the index.
+
+Across the handle (router → worker → router), one request is one ``WorkRequest``
+and its reply is a stream of ``WorkerMessage``s: ``Chunk``s of released text, then
+one ``Final`` (usage, finish reason, the cache events the router applies itself with
+the embedded index), or a ``Rejected`` first message when the engine refuses the
+input (``InputRejected``): a 400 for the client that no other replica would accept
+either, so it is never retried. Every field is named here once; nothing crosses as a
+dict with string keys.
 """
 
 from __future__ import annotations
@@ -90,6 +99,56 @@ class LoadStats:
 
 class EngineError(RuntimeError):
     """The engine failed a request (not the caller's fault)."""
+
+
+class InputRejected(ValueError):
+    """The engine refuses this request's input (the caller's fault: a 400, not retried).
+
+    A ``ValueError`` so that the runtimes' own input checks (vLLM raises ``ValueError``)
+    are treated alike."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkRequest:
+    """Router → worker: one generation. ``trace``: the W3C carrier of the router's span."""
+
+    request_id: str
+    token_ids: list[int]
+    sampling: SamplingParams
+    trace: dict[str, str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """Released text and the token ids behind it (what a stream resumes from)."""
+
+    replica: str
+    text: str
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Final:
+    """The last message: engine-measured usage, why it ended, and (embedded index only)
+    the replica's cache events for the router to apply."""
+
+    replica: str
+    usage: Usage
+    finish_reason: str  # "stop" | "length" | "abort"
+    stop_sequence: str | None = None
+    events: tuple[CacheEvent, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """The engine refused the input (``InputRejected``): always the first message."""
+
+    replica: str
+    message: str
+    status: int = 400
+
+
+WorkerMessage = Chunk | Final | Rejected
 
 
 @runtime_checkable

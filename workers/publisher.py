@@ -3,7 +3,7 @@
 With a shared (Redis) index the replica publishes by itself: a background task
 flushes events in batches and sends heartbeats. With the embedded memory index
 there is nothing shared to write to, so events ride back to the router on each
-response (``to_wire``/``from_wire``) and the router applies them.
+response (``workers.protocol.Final.events``) and the router applies them.
 """
 
 from __future__ import annotations
@@ -12,36 +12,10 @@ import asyncio
 import contextlib
 import logging
 
-from cache_service.events import AllBlocksCleared, BlockRemoved, BlockStored, CacheEvent
 from cache_service.index import PrefixIndex
 from workers.protocol import Engine
 
 log = logging.getLogger(__name__)
-WireEvent = tuple[str, str, str, list[int]]
-
-
-def to_wire(events: list[CacheEvent]) -> list[WireEvent]:
-    out: list[WireEvent] = []
-    for e in events:
-        if isinstance(e, BlockStored):
-            out.append(("stored", e.model, e.replica, list(e.hashes)))
-        elif isinstance(e, BlockRemoved):
-            out.append(("removed", e.model, e.replica, list(e.hashes)))
-        else:
-            out.append(("cleared", e.model, e.replica, []))
-    return out
-
-
-def from_wire(wire: list[WireEvent]) -> list[CacheEvent]:
-    out: list[CacheEvent] = []
-    for kind, model, replica, hashes in wire:
-        if kind == "stored":
-            out.append(BlockStored(model, replica, tuple(hashes)))
-        elif kind == "removed":
-            out.append(BlockRemoved(model, replica, tuple(hashes)))
-        elif kind == "cleared":
-            out.append(AllBlocksCleared(model, replica))
-    return out
 
 
 class IndexPublisher:

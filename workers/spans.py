@@ -8,6 +8,7 @@ from typing import Any
 from opentelemetry import trace
 
 from ops.tracing import extract, tracer
+from workers.protocol import Usage
 
 TRACER = tracer("kvroute.worker")
 
@@ -33,17 +34,17 @@ class GenerationSpans:
             self.phase.end()
             self.phase = TRACER.start_span("decode", context=self._ctx)
 
-    def finish(self, usage: dict[str, int] | None, error: bool) -> None:
+    def finish(self, usage: Usage | None, error: bool) -> None:
         self.first_token()
         self.phase.end()
         if usage:
             ttft = (self.first_at or self.started) - self.started
             self.root.set_attribute("kvroute.ttft_s", ttft)
-            self.root.set_attribute("kvroute.cached_tokens", usage["cached_tokens"])
-            self.root.set_attribute("gen_ai.usage.output_tokens", usage["completion_tokens"])
-            if usage["completion_tokens"] > 1:
+            self.root.set_attribute("kvroute.cached_tokens", usage.cached_tokens)
+            self.root.set_attribute("gen_ai.usage.output_tokens", usage.completion_tokens)
+            if usage.completion_tokens > 1:
                 tpot = (time.monotonic() - (self.first_at or self.started)) / (
-                    usage["completion_tokens"] - 1)
+                    usage.completion_tokens - 1)
                 self.root.set_attribute("kvroute.tpot_s", tpot)
         if error:
             self.root.set_status(trace.Status(trace.StatusCode.ERROR))

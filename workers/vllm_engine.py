@@ -47,7 +47,15 @@ from typing import Any
 
 from cache_service.events import AllBlocksCleared, BlockRemoved, BlockStored, CacheEvent
 from cache_service.hashing import block_hashes, model_salt
-from workers.protocol import EngineError, Finished, GenerateRequest, LoadStats, TokenChunk, Usage
+from workers.protocol import (
+    EngineError,
+    Finished,
+    GenerateRequest,
+    InputRejected,
+    LoadStats,
+    TokenChunk,
+    Usage,
+)
 
 log = logging.getLogger(__name__)
 
@@ -321,7 +329,7 @@ class VllmEngine:
 
         sp = request.sampling
         if sp.seed is not None and not -(2**63) <= sp.seed < 2**63:  # torch's manual_seed
-            raise ValueError(f"seed: must be a signed 64-bit integer, got {sp.seed}")
+            raise InputRejected(f"seed: must be a signed 64-bit integer, got {sp.seed}")
         return SamplingParams(
             max_tokens=sp.max_tokens, temperature=sp.temperature, top_p=sp.top_p,
             stop=list(sp.stop) or None, seed=sp.seed, ignore_eos=sp.ignore_eos,

@@ -25,6 +25,7 @@ from ops.bench.workloads import (
     flatten,
     trace_requests,
 )
+from workers.protocol import Chunk, Final, Usage, WorkerMessage, WorkRequest
 
 MOONCAKE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_trace_1000.jsonl"
 SMALL = AgentParams(system_tokens=300, tools=4, subagent_system_tokens=100, repo_tokens=200,
@@ -158,16 +159,15 @@ def test_bench_json_validates_against_the_schema(tmp_path: Path) -> None:
 
 # -- the client against a real stream ----------------------------------------------------
 class _Engine:
-    async def generate(self, request: dict[str, Any],
-                       kvroute_rank: list[str] | None = None) -> AsyncIterator[dict[str, Any]]:
-        n = request["sampling"]["max_tokens"]
+    async def generate(self, request: WorkRequest,
+                       kvroute_rank: list[str] | None = None) -> AsyncIterator[WorkerMessage]:
+        n = request.sampling.max_tokens
         await asyncio.sleep(0.02)  # "prefill"
-        for _ in range(n):
-            yield {"replica": "r-9", "text": " w", "n": 1}
+        for i in range(n):
+            yield Chunk("r-9", " w", (i,))
             await asyncio.sleep(0.005)
-        prompt = len(request["token_ids"])
-        yield {"replica": "r-9", "finish_reason": "length", "usage": {
-            "prompt_tokens": prompt, "completion_tokens": n, "cached_tokens": prompt // 2}}
+        prompt = len(request.token_ids)
+        yield Final("r-9", Usage(prompt, n, prompt // 2), "length")
 
 
 async def test_client_measures_streams_closed_and_open_loop(tiny_model_dir: Path,

@@ -10,6 +10,7 @@ test_tool_calls.py (the OpenAI route).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from fastapi.testclient import TestClient
+from starlette.requests import ClientDisconnect
 
 from deploy.config import ModelConfig
 from router import anthropic_routes, openai_routes, responses_routes
@@ -29,6 +31,7 @@ from router.auth import ApiKeyConfig, Authenticator
 from router.errors import ApiError, error_response
 from router.response_store import ResponseStore
 from router.tokenization import ChatTokenizer
+from workers.protocol import Chunk, Final, SamplingParams, Usage, WorkerMessage
 
 HERMES_CALL = '<tool_call>\n{"name": "Read", "arguments": {"file_path": "a.py"}}\n</tool_call>'
 TOOLS = [{"name": "Read", "description": "Read a file", "input_schema": {
@@ -52,20 +55,19 @@ class FakeGeneration:
         self.script, self.prompt_tokens = script, prompt_tokens
         self.model, self.replica, self.router = "tiny", "rep-1", "router-1"
         self.predicted_cached_tokens = 7
-        self.final: dict[str, Any] | None = None
+        self.final: Final | None = None
         self.closed = False
 
-    async def messages(self) -> AsyncIterator[dict[str, Any]]:
+    async def messages(self) -> AsyncIterator[WorkerMessage]:
         try:
             for i, chunk in enumerate(self.script.chunks):
                 if self.script.fail_after == i:
                     raise RuntimeError("replica died")
                 await asyncio.sleep(0)
-                yield {"text": chunk}
-            usage = {"prompt_tokens": self.prompt_tokens, "cached_tokens": self.script.cached,
-                     "completion_tokens": len(self.script.chunks)}
-            self.final = {"finish_reason": self.script.finish, "usage": usage,
-                          **self.script.final_extra}
+                yield Chunk(self.replica, chunk, (i,))
+            usage = Usage(self.prompt_tokens, len(self.script.chunks), self.script.cached)
+            self.final = Final(self.replica, usage, self.script.finish,
+                               **self.script.final_extra)
             yield self.final
         finally:
             self.close()
@@ -102,7 +104,7 @@ class FakeCore:
         self.resolve(model)
         return self.tok
 
-    async def generate(self, model: str, token_ids: list[int], sampling: dict[str, Any],
+    async def generate(self, model: str, token_ids: list[int], sampling: SamplingParams,
                        request_id: str, headers: Mapping[str, str] | None = None,
                        session_id: str | None = None,
                        api_key: ApiKeyConfig | None = None,
@@ -245,14 +247,14 @@ def test_sampling_budget_and_session(tiny_model_dir: Path) -> None:
     call = core.calls[-1]
     assert call["session_id"] == "user_abc_session_1"
     s = call["sampling"]
-    assert (s["max_tokens"], s["temperature"], s["stop"]) == (64, 1.0, ("\n\nHuman:",))
+    assert (s.max_tokens, s.temperature, s.stop) == (64, 1.0, ("\n\nHuman:",))
     _create(core, max_tokens=20000, extra_body={"temperature": 0.0, "top_k": 5},
             extra_headers={"x-session-id": "S", "anthropic-beta": "x", "x-api-key": "k"},
             metadata={"user_id": "U"}, output_config={"effort": "low"})
     call = core.calls[-1]
     assert call["session_id"] == "S"
-    assert call["sampling"]["max_tokens"] == 4096 - len(call["ids"])  # cut to fit
-    assert call["sampling"]["temperature"] == 0.0
+    assert call["sampling"].max_tokens == 4096 - len(call["ids"])  # cut to fit
+    assert call["sampling"].temperature == 0.0
 
 
 def test_parallel_tool_use_can_be_disabled(tiny_model_dir: Path) -> None:
@@ -383,3 +385,27 @@ def test_sdk_raises_typed_errors(tiny_model_dir: Path) -> None:
         _create(core, messages=[{"role": "user", "content": [
             {"type": "image", "source": {"type": "url", "url": "https://x/y.png"}}]}])
     assert isinstance(httpx.Response(200), httpx.Response)
+
+
+def test_a_client_gone_before_the_first_byte_closes_the_generation(
+        tiny_model_dir: Path) -> None:
+    """Review finding 4: a body generator that never starts never runs its ``finally``;
+    the response itself must close the generation (abort, ticket, refund)."""
+    core = FakeCore(tiny_model_dir, Script(chunks=["x"] * 100))
+
+    async def run() -> None:
+        req = _request({"model": "tiny", "max_tokens": 8, "stream": True,
+                        "messages": [{"role": "user", "content": "x"}]})
+        resp = await anthropic_routes.messages(core, req)  # type: ignore[arg-type]
+
+        async def gone() -> dict[str, Any]:
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            raise OSError("the client's socket is closed")
+
+        with contextlib.suppress(OSError, ClientDisconnect):
+            await resp({"type": "http", "asgi": {"spec_version": "2.4"}}, gone, send)
+
+    asyncio.run(run())
+    assert core.gens[0].closed and core.gens[0].final is None

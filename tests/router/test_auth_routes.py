@@ -26,7 +26,7 @@ class LimitedCore(FakeCore):
 
     async def generate(self, *args, api_key=None, **kw):  # type: ignore[no-untyped-def]
         if api_key is not None:
-            await self.limiter.admit(api_key, len(args[1]) + args[2]["max_tokens"])
+            await self.limiter.admit(api_key, len(args[1]) + args[2].max_tokens)
         return await super().generate(*args, api_key=api_key, **kw)
 
 

@@ -1,35 +1,39 @@
-"""Generation on its own: a stream cut mid-way resumes through the core, usage counts
-against the original prompt, and without resumes left the failure reaches the caller.
+"""Generation on its own: a stream cut mid-way resumes through its owner, usage counts
+against the original prompt, without resumes left the failure reaches the caller, and a
+client that leaves is charged only for what was generated.
 (The whole path on real Serve: tests/router/test_faults.py.)"""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from types import SimpleNamespace
-from typing import Any
 
 import pytest
 
 from router import telemetry
+from router.auth import ApiKeyConfig
+from router.context import Candidate
+from router.dispatch import Started
 from router.generation import Generation
 from router.load import LoadTracker
 from router.selection import RouteRequest
+from workers.protocol import Chunk, Final, SamplingParams, Usage, WorkerMessage
 
 PROMPT = [5, 6, 7]
+KEY = ApiKeyConfig(name="k", key_sha256="0" * 64)
 
 
 class Stream:
     """What a handle's response generator does: messages, then maybe a failure."""
 
-    def __init__(self, msgs: list[dict[str, Any]], fail: bool) -> None:
+    def __init__(self, msgs: list[WorkerMessage], fail: bool) -> None:
         self._it = iter(msgs)
         self.fail, self.cancelled = fail, False
 
-    def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+    def __aiter__(self) -> AsyncIterator[WorkerMessage]:
         return self
 
-    async def __anext__(self) -> dict[str, Any]:
+    async def __anext__(self) -> WorkerMessage:
         for msg in self._it:
             return msg
         if self.fail:
@@ -40,55 +44,94 @@ class Stream:
         self.cancelled = True
 
 
-class Core:
-    def __init__(self, max_resumes: int, then: list[dict[str, Any]]) -> None:
-        self.config = SimpleNamespace(router=SimpleNamespace(max_resumes=max_resumes))
-        self.loads = LoadTracker()
+class Owner:
+    """A ``StreamOwner`` that resumes on replica r2 with scripted messages."""
+
+    def __init__(self, max_resumes: int, then: list[WorkerMessage]) -> None:
+        self.max_resumes, self.loads = max_resumes, LoadTracker()
         self.then, self.resumed_from = then, None
+        self.finals: list[Final] = []
+        self.refunds: list[int] = []
 
     def on_first_token(self) -> None: ...
 
-    async def on_final(self, model: str, msg: dict[str, Any]) -> None: ...
+    def on_final(self, model: str, final: Final) -> None:
+        self.finals.append(final)
 
-    async def resume(self, gen: Generation, err: Exception) -> dict[str, Any]:
+    def refund(self, key: ApiKeyConfig, tokens: int) -> None:
+        self.refunds.append(tokens)
+
+    async def resume(self, gen: Generation, err: Exception) -> WorkerMessage:
         self.resumed_from = (gen.replica, list(gen.sent))
-        other = make(self, "r2", self.then, fail=False)
-        return gen.adopt(other)
+        return gen.adopt(started(self, "r2", self.then, fail=False))
 
 
-def chunk(text: str, ids: list[int]) -> dict[str, Any]:
-    return {"text": text, "n": len(ids), "ids": ids}
+def started(owner: Owner, replica: str, msgs: list[WorkerMessage], fail: bool) -> Started:
+    ticket = owner.loads.begin("m", replica, 3)
+    return Started("m", Candidate("m", replica), msgs[0], Stream(msgs[1:], fail), ticket)
 
 
-def make(core: Core, replica: str, msgs: list[dict[str, Any]], fail: bool) -> Generation:
-    ticket = core.loads.begin("m", replica, 3)
-    gen = Generation("m", replica, "router", 0, len(PROMPT), msgs[0], Stream(msgs[1:], fail),  # type: ignore[arg-type]
-                     core, ticket, telemetry.RequestInfo(model="m"))  # type: ignore[arg-type]
-    gen.request = RouteRequest("m", PROMPT, {"max_tokens": 6}, "req", {}, None)
+def make(owner: Owner, replica: str, msgs: list[WorkerMessage], fail: bool) -> Generation:
+    run = started(owner, replica, msgs, fail)
+    gen = Generation("m", replica, "router", 0, len(PROMPT), run.first, run, owner,
+                     telemetry.RequestInfo(model="m"))
+    gen.request = RouteRequest("m", PROMPT, SamplingParams(max_tokens=6), "req", {}, None)
     return gen
 
 
-async def drain(gen: Generation) -> list[dict[str, Any]]:
+async def drain(gen: Generation) -> list[WorkerMessage]:
     return [m async for m in gen.messages()]
 
 
 def test_a_cut_stream_resumes_and_reports_whole_usage() -> None:
-    final = {"replica": "r2", "finish_reason": "length", "stop_sequence": None,
-             "usage": {"prompt_tokens": 6, "completion_tokens": 3, "cached_tokens": 5}}
-    core = Core(max_resumes=1, then=[chunk("d", [4]), chunk("ef", [5, 6]), final])
-    gen = make(core, "r1", [chunk("a", [1]), chunk("bc", [2, 3])], fail=True)
+    final = Final("r2", Usage(6, 3, 5), "length")
+    owner = Owner(max_resumes=1, then=[Chunk("r2", "d", (4,)), Chunk("r2", "ef", (5, 6)),
+                                       final])
+    gen = make(owner, "r1", [Chunk("r1", "a", (1,)), Chunk("r1", "bc", (2, 3))], fail=True)
     msgs = asyncio.run(drain(gen))
-    assert core.resumed_from == ("r1", [1, 2, 3])  # only tokens whose text went out
-    assert "".join(m.get("text", "") for m in msgs) == "abcdef"
+    assert owner.resumed_from == ("r1", [1, 2, 3])  # only tokens whose text went out
+    assert "".join(m.text for m in msgs if isinstance(m, Chunk)) == "abcdef"
     assert gen.replica == "r2" and gen.sent == [1, 2, 3, 4, 5, 6]
-    assert msgs[-1]["usage"] == {"prompt_tokens": 3, "completion_tokens": 6, "cached_tokens": 3}
-    assert core.loads.get("m", "r1").ongoing == core.loads.get("m", "r2").ongoing == 0
+    assert isinstance(msgs[-1], Final) and msgs[-1].usage == Usage(3, 6, 3)
+    assert owner.finals == [msgs[-1]]
+    assert owner.loads.get("m", "r1").ongoing == owner.loads.get("m", "r2").ongoing == 0
 
 
 def test_without_resumes_left_the_failure_reaches_the_caller() -> None:
-    core = Core(max_resumes=0, then=[])
-    gen = make(core, "r1", [chunk("a", [1])], fail=True)
+    owner = Owner(max_resumes=0, then=[])
+    gen = make(owner, "r1", [Chunk("r1", "a", (1,))], fail=True)
     with pytest.raises(ConnectionError):
         asyncio.run(drain(gen))
-    assert core.resumed_from is None and gen._info.failed
-    assert gen._rest.cancelled  # type: ignore[attr-defined]
+    assert owner.resumed_from is None and gen._info.failed
+    assert gen._run.stream.cancelled
+
+
+def test_a_client_that_leaves_is_charged_for_what_was_generated() -> None:
+    """Closed after 2 of at most 6 tokens: the worker request is cancelled, the load view
+    is back to 0, and the 4 output tokens not generated go back to the key."""
+    owner = Owner(max_resumes=0, then=[])
+    gen = make(owner, "r1", [Chunk("r1", "a", (1,)), Chunk("r1", "b", (2,)),
+                             Chunk("r1", "c", (3,))], fail=False)
+    gen.api_key, gen.max_tokens = KEY, 6
+
+    async def two_then_leave() -> None:
+        it = gen.messages()
+        await anext(it)
+        await anext(it)
+        await it.aclose()  # what the route does when the client disconnects
+
+    asyncio.run(two_then_leave())
+    assert gen._run.stream.cancelled
+    assert owner.loads.get("m", "r1").ongoing == 0
+    assert owner.refunds == [4]
+    gen.close()  # closing twice changes nothing
+    assert owner.refunds == [4]
+
+
+def test_a_finished_generation_refunds_the_unused_budget() -> None:
+    owner = Owner(max_resumes=0, then=[])
+    gen = make(owner, "r1", [Chunk("r1", "a", (1,)), Final("r1", Usage(3, 1, 0), "stop")],
+               fail=False)
+    gen.api_key, gen.max_tokens = KEY, 6
+    asyncio.run(drain(gen))
+    assert owner.refunds == [5] and not gen._run.stream.cancelled

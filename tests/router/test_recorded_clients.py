@@ -68,7 +68,7 @@ def test_claude_code_budget_fits_the_context(claude: Any) -> None:
     core, recs = claude
     assert recs[0]["body"]["max_tokens"] == 128000  # more than the model's whole window
     assert _replay(core, recs[0])[0] == 200
-    assert core.calls[-1]["sampling"]["max_tokens"] == 32768 - len(core.calls[-1]["ids"])
+    assert core.calls[-1]["sampling"].max_tokens == 32768 - len(core.calls[-1]["ids"])
 
 
 @pytest.fixture

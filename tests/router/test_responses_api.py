@@ -184,7 +184,7 @@ def test_output_limit_makes_the_response_incomplete(tiny_model_dir: Path) -> Non
     body = _post(core, {"input": "x", "max_output_tokens": 2}).json()
     assert body["status"] == "incomplete"
     assert body["incomplete_details"] == {"reason": "max_output_tokens"}
-    assert core.calls[-1]["sampling"]["max_tokens"] == 2
+    assert core.calls[-1]["sampling"].max_tokens == 2
     events = _events(_post(core, {"input": "x", "stream": True}).text)
     assert events[-1]["type"] == "response.incomplete"
 

@@ -209,7 +209,7 @@ def test_openai_history_with_tool_calls_renders(tiny_model_dir: Path) -> None:
     assert "<tool_response>\nprint(1)\n</tool_response>" in prompt
     assert "billing" not in prompt and "Be brief." in prompt
     s = core.calls[-1]["sampling"]
-    assert (s["seed"], s["temperature"], s["top_p"], s["stop"]) == (7, 0.3, 0.9, ("END",))
+    assert (s.seed, s.temperature, s.top_p, s.stop) == (7, 0.3, 0.9, ("END",))
 
 
 def test_openai_response_format(tiny_model_dir: Path) -> None:

@@ -17,6 +17,7 @@ import pytest
 
 from router.tokenization import ChatTokenizer
 from workers.direct_http import DirectHttp
+from workers.protocol import Chunk, Final, SamplingParams, Usage, WorkerMessage, WorkRequest
 
 MODEL = "tiny-llama"
 TOOLS = [{"type": "function", "function": {
@@ -30,20 +31,19 @@ class FakeEngine:
     def __init__(self, texts: tuple[str, ...] = (" hello", " world"), cached: int = 3,
                  fail: bool = False) -> None:
         self.texts, self.cached, self.fail = texts, cached, fail
-        self.requests: list[dict[str, Any]] = []
+        self.requests: list[WorkRequest] = []
         self.closed = 0
 
-    async def generate(self, request: dict[str, Any],
-                       kvroute_rank: list[str] | None = None) -> AsyncIterator[dict[str, Any]]:
+    async def generate(self, request: WorkRequest,
+                       kvroute_rank: list[str] | None = None) -> AsyncIterator[WorkerMessage]:
         self.requests.append(request)
         try:
             if self.fail:
                 raise RuntimeError("engine down")
-            for text in self.texts:
-                yield {"replica": "r-1", "text": text, "n": 1}
-            yield {"replica": "r-1", "finish_reason": "length", "events": [],
-                   "usage": {"prompt_tokens": len(request["token_ids"]),
-                             "completion_tokens": len(self.texts), "cached_tokens": self.cached}}
+            for i, text in enumerate(self.texts):
+                yield Chunk("r-1", text, (i,))
+            usage = Usage(len(request.token_ids), len(self.texts), self.cached)
+            yield Final("r-1", usage, "length")
         finally:
             self.closed += 1
 
@@ -96,9 +96,9 @@ async def test_completions_token_ids_not_streamed(tiny_model_dir: Path) -> None:
     assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6,
                              "prompt_tokens_details": {"cached_tokens": 3}}
     sent = engine.requests[0]
-    assert sent["token_ids"] == [5, 6, 7, 8]
-    assert sent["sampling"] == {"max_tokens": 7, "temperature": 0.0, "top_p": 1.0,
-                                "stop": ("x",), "seed": 3}
+    assert sent.token_ids == [5, 6, 7, 8]
+    assert sent.sampling == SamplingParams(max_tokens=7, temperature=0.0, top_p=1.0,
+                                           stop=("x",), seed=3)
     assert engine.closed == 1
 
 
@@ -115,8 +115,8 @@ async def test_completions_string_prompt_streamed_with_usage(tiny_model_dir: Pat
     assert events[2]["choices"][0]["finish_reason"] == "length"
     assert events[3]["usage"]["prompt_tokens_details"]["cached_tokens"] == 3
     assert events[-1] == "[DONE]"
-    assert engine.requests[0]["token_ids"] == tok.encode("The morning train")
-    assert engine.requests[0]["sampling"]["max_tokens"] == 1024  # no limit given
+    assert engine.requests[0].token_ids == tok.encode("The morning train")
+    assert engine.requests[0].sampling.max_tokens == 1024  # no limit given
 
 
 async def test_chat_is_templated_like_the_router(tiny_model_dir: Path) -> None:
@@ -132,8 +132,8 @@ async def test_chat_is_templated_like_the_router(tiny_model_dir: Path) -> None:
     assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert "".join(e["choices"][0]["delta"].get("content", "") for e in events[1:-2]
                    if e["choices"]) == " hello world"
-    assert events[-2]["usage"]["prompt_tokens"] == len(engine.requests[0]["token_ids"])
-    assert engine.requests[0]["token_ids"] == tok.encode(tok.render(messages, TOOLS))
+    assert events[-2]["usage"]["prompt_tokens"] == len(engine.requests[0].token_ids)
+    assert engine.requests[0].token_ids == tok.encode(tok.render(messages, TOOLS))
 
 
 async def test_chat_tool_calls_are_parsed(tiny_model_dir: Path) -> None:

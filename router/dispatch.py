@@ -1,0 +1,124 @@
+"""Dispatch: send a ranked request to a model deployment and wait for its first message.
+
+The best replica first; a replica that fails before its first message is retried on
+the next in rank (up to ``router.max_retries`` times); when a whole model is
+overloaded (Serve's queue full) or does not start in time, the next model of the
+ranking takes over. Serve's own request router (``router.request_router``) honours
+the rank, so a full or dead replica is skipped there too; the replica that answered
+is the one the load view and the generation record.
+
+A client that leaves while the request waits for its first message (queued, or
+prefilling) cancels it: the worker request is cancelled, and the load ticket ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ray.serve.exceptions import BackPressureError
+
+from ops import tracing
+from router import metrics, telemetry
+from router.context import Candidate, RequestContext
+from router.errors import ApiError
+from router.load import LoadTracker, Ticket
+from router.request_router import RANK_KWARG
+from workers.protocol import Rejected, WorkerMessage, WorkRequest
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Started:
+    """A request a replica has taken: its first message and the rest of its stream."""
+
+    model: str
+    target: Candidate  # the replica that answered, with what the index said it holds
+    first: WorkerMessage
+    stream: Any  # Serve's DeploymentResponseGenerator (or a test's fake of it)
+    ticket: Ticket
+
+
+class Dispatcher:
+    """``handles``: one streaming deployment handle per model. ``record_routed`` and
+    ``remember`` are told of every target (the index's routed blocks; the replicas the
+    router must purge once Serve drops them)."""
+
+    def __init__(self, handles: Mapping[str, Any], loads: LoadTracker, max_retries: int,
+                 first_token_timeout_s: float,
+                 record_routed: Callable[[str, str, list[int]], None],
+                 remember: Callable[[str, str], None]) -> None:
+        self.handles, self.loads = handles, loads
+        self.max_retries, self.timeout_s = max_retries, first_token_timeout_s
+        self._record_routed, self._remember = record_routed, remember
+
+    async def dispatch(self, ranked: list[Candidate], ctx: RequestContext, work: WorkRequest,
+                       info: telemetry.RequestInfo) -> Started:
+        failed: set[tuple[str, str]] = set()
+        with telemetry.TRACER.start_as_current_span("dispatch") as span:
+            work = dataclasses.replace(work, trace=tracing.inject())  # worker spans join it
+            for attempt in range(self.max_retries + 1):
+                left = [c for c in ranked if (c.model, c.replica) not in failed] or ranked
+                model = left[0].model  # the best pair's model, with its replicas in rank order
+                order = [c for c in left if c.model == model]
+                try:
+                    started = await self._once(order, ctx, work)
+                except ApiError as e:  # overloaded or stuck: fall back to the next model
+                    if e.code not in ("overloaded", "timeout") or all(
+                            c.model == model for c in left):
+                        raise
+                    failed |= {(model, c.replica) for c in order}
+                    continue
+                if started is not None:
+                    span.set_attribute("kvroute.replica", started.target.replica)
+                    span.set_attribute("kvroute.retry", attempt)
+                    return started
+                failed.add((model, order[0].replica))
+                metrics.RETRIES.labels(model).inc()
+        info.failed = True
+        raise ApiError(503, f"no replica of {ranked[0].model!r} could take the request",
+                       "no_replica")
+
+    async def _once(self, order: list[Candidate], ctx: RequestContext,
+                    work: WorkRequest) -> Started | None:
+        """One attempt on ``order[0]``'s model; None when the replica failed (retry)."""
+        target = order[0]
+        model = target.model
+        self._remember(model, target.replica)
+        ticket = self.loads.begin(model, target.replica, ctx.uncached(target))
+        self._record_routed(model, target.replica, ctx.hashes[model])
+        stream = self.handles[model].generate.remote(
+            work, **{RANK_KWARG: [c.replica for c in order]})
+        try:
+            first = await asyncio.wait_for(anext(stream), self.timeout_s)
+        except BackPressureError as e:  # every replica full and the queue at its bound
+            self.loads.end(ticket)
+            raise ApiError(503, f"{model!r} is overloaded; retry later", "overloaded",
+                           retry_after_s=max(1.0, e.retry_after_s or 1.0)) from None
+        except TimeoutError:
+            stream.cancel()
+            self.loads.end(ticket)
+            raise ApiError(503, f"{model!r} did not start the request in time", "timeout",
+                           retry_after_s=5.0) from None
+        except Exception as e:  # the replica failed before its first message: retry
+            log.warning("replica %s failed before first token: %r", target.replica, e)
+            self.loads.end(ticket)
+            return None
+        except BaseException:  # the client left (cancelled): nothing may keep running
+            stream.cancel()
+            self.loads.end(ticket)
+            raise
+        if isinstance(first, Rejected):  # the engine refused the input: no replica would take it
+            self.loads.end(ticket)
+            raise ApiError(first.status, first.message, "engine_rejected")
+        if first.replica != target.replica:  # Serve's router moved it (target full or gone)
+            self.loads.end(ticket)
+            target = next((c for c in order if c.replica == first.replica),
+                          Candidate(model, first.replica))
+            ticket = self.loads.begin(model, first.replica, ctx.uncached(target))
+        return Started(model, target, first, stream, ticket)
