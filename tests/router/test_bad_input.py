@@ -174,8 +174,12 @@ CASES = [
     case("stream-object", CHAT, chat(stream={"on": True}), 400, "invalid_request"),
     case("role-unknown-chat", CHAT, chat(messages=[{"role": "wizard", "content": "x"}]), 400,
      "invalid_request"),
-    case("role-system-msg", MESSAGES, msg(messages=[{"role": "system", "content": "x"}]), 400,
+    case("role-unknown-msg", MESSAGES, msg(messages=[{"role": "wizard", "content": "x"}]), 400,
          None),
+    # a system message inside messages is accepted (Claude Code sends one), text only
+    case("system-msg-tool-use", MESSAGES, msg(messages=[
+        {"role": "user", "content": "x"}, {"role": "system", "content": [
+            {"type": "tool_use", "id": "t1", "name": "Read", "input": {}}]}]), 400, None),
     case("role-missing", CHAT, chat(messages=[{"content": "x"}]), 400, "invalid_request"),
     case("block-unknown-msg", MESSAGES, msg(messages=[{"role": "user", "content": [
         {"type": "bogus", "text": "x"}]}]), 400, None),
