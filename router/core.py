@@ -23,14 +23,14 @@ from cache_service.hashing import block_hashes, model_salt
 from cache_service.index import PrefixIndex
 from deploy.config import KvrouteConfig, ModelConfig
 from router import metrics, telemetry
-from router.admission import AdmissionGate, backed_up, own_prefill_s
+from router.admission import AdmissionGate, own_prefill_s
 from router.auth import ApiKeyConfig, Authenticator
-from router.context import Candidate, RequestContext, build_candidate
+from router.context import Candidate, RequestContext
+from router.decision import Decider
 from router.dispatch import Dispatcher, Started
 from router.errors import ApiError
 from router.generation import Generation
 from router.load import LoadTracker
-from router.pipeline import Pipeline
 from router.ratelimit import RateLimiter
 from router.selection import (
     RouteRequest,
@@ -63,7 +63,9 @@ class RouterCore:
             session_ttl_s=idx.session_ttl_s,
         ), on_error=lambda op: metrics.INDEX_ERRORS.labels(op).inc())
         routing = config.router.routing()
-        self.pipeline = Pipeline(routing)
+        self.loads = LoadTracker()
+        self.decider = Decider(routing, self.loads, idx.block_size,
+                               config.router.prefill_tokens_per_s)
         admission = routing.admission
         self.gate = AdmissionGate(admission, metrics.ADMISSION_WAIT.observe) \
             if admission is not None else None
@@ -72,14 +74,16 @@ class RouterCore:
             idx.redis_url if self.auth.enabled else None, idx.namespace, timeout_s=idx.timeout_s,
             on_error=lambda op: metrics.INDEX_ERRORS.labels(op).inc(),
         )
-        self.loads = LoadTracker()
         self.max_resumes = config.router.max_resumes
         self.dispatcher = Dispatcher(
-            streaming, self.loads, config.router.max_retries,
+            streaming, self.decider, config.router.max_retries,
             config.router.first_token_timeout_s, self._record_routed, self.remember)
         self._known: dict[str, set[str]] = {}
         self._ticks = 0
         self.router_id = ""  # this router replica, for the x-kvroute-router header
+        # The decision's clocks (kvroute sim and its tests give virtual ones): wall-clock
+        # time for worker reports, monotonic time for plugins' own state.
+        self.clock, self.monotonic = time.time, time.monotonic
         self._tasks: set[asyncio.Task[Any]] = set()
 
     def resolve(self, name: str) -> dict[str, float]:
@@ -177,14 +181,9 @@ class RouterCore:
         return {m: block_hashes(token_ids, bs, self._salts[m]) for m in models}
 
     def _rank(self, ctx: RequestContext, skip: str | None = None) -> list[Candidate]:
-        """The pipeline's ranking (without replica ``skip``); the best is marked routed."""
+        """The decider's ranking (without replica ``skip``); the best is marked routed."""
         with telemetry.TRACER.start_as_current_span("route"):
-            ranked = self.pipeline.rank(ctx)
-            if skip is not None:
-                ranked = [c for c in ranked if c.replica != skip]
-            if ranked:
-                self.pipeline.on_routed(ctx, ranked[0])
-        return ranked
+            return self.decider.rank(ctx, skip)
 
     async def _context(self, req: RouteRequest, weights: Mapping[str, float],
                        hashes: dict[str, list[int]]) -> RequestContext:
@@ -195,18 +194,20 @@ class RouterCore:
                                                  self._sticky(req.session_id))
             span.set_attribute("kvroute.blocks", len(next(iter(hashes.values()))))
         metrics.LOOKUP.observe(time.perf_counter() - started)
-        return request_context(self.config, req, weights, hashes, await self._all_candidates(
-            weights, match), sticky)
+        cands = await self._all_candidates(weights, match)
+        return request_context(self.config, req, weights, hashes, cands, sticky,
+                               prompt_tokens=len(req.token_ids), now=self.monotonic())
 
     async def _admit(self, ctx: RequestContext, weights: Mapping[str, float]) -> bool:
         """Wait at the router while every candidate is backed up; True if it waited."""
         assert self.gate is not None
-        params, models = self.gate.params, tuple(weights)
-        if not self.gate.holding(models) and not backed_up(ctx.candidates, params):
+        models = tuple(weights)
+        if not self.decider.must_wait(ctx.candidates, self.gate.holding(models)):
             return False  # the common case, decided on the candidates already built
 
         def ready() -> bool:
-            return not backed_up([c for m in weights for c in self._candidates(m, {})], params)
+            cands = [c for m in weights for c in self._candidates(m, {})]
+            return not self.decider.must_wait(cands, False)
 
         with telemetry.TRACER.start_as_current_span("admission") as span:
             metrics.ADMISSION_HELD.set(self.gate.held + 1)
@@ -259,16 +260,7 @@ class RouterCore:
         return cands
 
     def _candidates(self, model: str, matches: Mapping[str, int]) -> list[Candidate]:
-        view = replica_view(model)
-        bs, rate = self.config.index.block_size, self.config.router.prefill_tokens_per_s
-        return [
-            build_candidate(
-                model, info.replica, matched_blocks=matches.get(info.replica, 0), block_size=bs,
-                local=self.loads.get(model, info.replica), reported=info.stats,
-                prefill_tok_s=rate, max_ongoing=info.max_ongoing_requests,
-            )
-            for info in view
-        ]
+        return self.decider.candidates(model, replica_view(model), matches, self.clock())
 
     def on_final(self, model: str, final: Final) -> None:
         if final.events:  # the embedded index: the replica's cache events ride back here

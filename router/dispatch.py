@@ -25,8 +25,9 @@ from ray.serve.exceptions import BackPressureError
 from ops import tracing
 from router import metrics, telemetry
 from router.context import Candidate, RequestContext
+from router.decision import Decider
 from router.errors import ApiError
-from router.load import LoadTracker, Ticket
+from router.load import Ticket
 from router.request_router import RANK_KWARG
 from workers.protocol import Rejected, WorkerMessage, WorkRequest
 
@@ -49,11 +50,11 @@ class Dispatcher:
     ``remember`` are told of every target (the index's routed blocks; the replicas the
     router must purge once Serve drops them)."""
 
-    def __init__(self, handles: Mapping[str, Any], loads: LoadTracker, max_retries: int,
+    def __init__(self, handles: Mapping[str, Any], decider: Decider, max_retries: int,
                  first_token_timeout_s: float,
                  record_routed: Callable[[str, str, list[int]], None],
                  remember: Callable[[str, str], None]) -> None:
-        self.handles, self.loads = handles, loads
+        self.handles, self.decider, self.loads = handles, decider, decider.loads
         self.max_retries, self.timeout_s = max_retries, first_token_timeout_s
         self._record_routed, self._remember = record_routed, remember
 
@@ -90,7 +91,7 @@ class Dispatcher:
         target = order[0]
         model = target.model
         self._remember(model, target.replica)
-        ticket = self.loads.begin(model, target.replica, ctx.uncached(target))
+        ticket = self.decider.begin(ctx, target)
         self._record_routed(model, target.replica, ctx.hashes[model])
         stream = self.handles[model].generate.remote(
             work, **{RANK_KWARG: [c.replica for c in order]})
@@ -120,5 +121,5 @@ class Dispatcher:
             self.loads.end(ticket)
             target = next((c for c in order if c.replica == first.replica),
                           Candidate(model, first.replica))
-            ticket = self.loads.begin(model, first.replica, ctx.uncached(target))
+            ticket = self.decider.begin(ctx, target)
         return Started(model, target, first, stream, ticket)

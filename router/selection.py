@@ -56,12 +56,14 @@ def check_shared_tokenizers(config: KvrouteConfig, tokenizers: Mapping[str, Chat
 def request_context(
     config: KvrouteConfig, req: RouteRequest, weights: Mapping[str, float],
     hashes: dict[str, list[int]], candidates: list[Candidate],
-    sticky: tuple[str, str] | None,
+    sticky: tuple[str, str] | None, *, prompt_tokens: int, now: float,
 ) -> RequestContext:
+    """Everything the pipeline sees of one request (``now``: the decision's monotonic
+    time, virtual in ``kvroute sim``)."""
     models = {m.name: m for m in config.models if m.name in weights}
     return RequestContext(
-        req.request_id, {m: len(req.token_ids) for m in weights}, hashes,
-        config.index.block_size, candidates, req.headers, req.session_id,
+        req.request_id, {m: prompt_tokens for m in weights}, hashes,
+        config.index.block_size, candidates, req.headers, req.session_id, now=now,
         model_weights=dict(weights), max_tokens=req.sampling.max_tokens,
         context_windows={n: m.context_window for n, m in models.items()},
         has_tools=req.has_tools,

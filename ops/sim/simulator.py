@@ -2,7 +2,7 @@
 
 Every request of the trace arrives at ``(timestamp - first timestamp) / speedup``
 seconds of virtual time. At each arrival the simulator does what ``RouterCore``
-does, with the same code:
+does, with the same code (``router.decision.Decider``):
 
 1. ``MemoryPrefixIndex.lookup`` of the request's ``hash_ids`` (used directly as
    block hashes: one per 512-token block, chained, as the trace defines them);
@@ -43,13 +43,18 @@ from typing import Any
 
 from cache_service.index import IndexSettings
 from cache_service.memory_index import MemoryPrefixIndex
+from deploy.config import IndexConfig, KvrouteConfig, ModelConfig
 from ops.sim.trace import TraceRequest
-from router.admission import HoldQueue, backed_up, own_prefill_s
-from router.context import Candidate, RequestContext, build_candidate
+from router.admission import HoldQueue, own_prefill_s
+from router.context import Candidate, RequestContext
+from router.decision import Decider
 from router.load import LoadTracker, Ticket
-from router.pipeline import Pipeline, PipelineConfig, PluginRef
+from router.pipeline import PipelineConfig, PluginRef
 from router.plugins import PLUGINS
 from router.profiles import profile
+from router.selection import RouteRequest, request_context
+from router.views import ReplicaInfo
+from workers.protocol import SamplingParams
 from workers.sim_core import SimCore, SimFinish, SimOutput, SimParams, SimRequest
 
 
@@ -154,8 +159,12 @@ class Simulator:
         self._by_name = {r.name: r for r in self.replicas}
         self.index = MemoryPrefixIndex(IndexSettings(), clock=lambda: self.now)
         routing = pipeline_config(cfg)
-        self.pipeline = Pipeline(routing)
         self.loads = LoadTracker()
+        self.decider = Decider(routing, self.loads, cfg.block_size, cfg.prior_prefill_tok_s)
+        self._config = KvrouteConfig(  # what request_context reads: the model, the blocks
+            models=[ModelConfig(name=cfg.model, engine="sim", model_path=cfg.model,
+                                context_window=1 << 30)],
+            index=IndexConfig(block_size=cfg.block_size))
         self.records: dict[str, RequestRecord] = {}
         self._tickets: dict[str, Ticket] = {}
         self.admission = routing.admission
@@ -191,8 +200,7 @@ class Simulator:
     async def _arrive(self, rid: str, req: TraceRequest) -> None:
         """Route at once, or hold at the router (the profile's admission, as production)."""
         ctx = await self._context(rid, req)
-        if self.admission is None or not (
-                len(self._held) or backed_up(ctx.candidates, self.admission)):
+        if not self.decider.must_wait(ctx.candidates, len(self._held) > 0):
             return await self._route(rid, req, self.now, ctx)  # the common case: at once
         self._held.push(own_prefill_s(ctx), self.now, (rid, req, self.now))
         await self._release()
@@ -210,36 +218,30 @@ class Simulator:
         while len(self._held):
             rid, req, arrival = self._held.peek()
             expired = self.now - arrival >= self.admission.max_hold_s
-            if not expired and backed_up(self._candidates({}), self.admission):
+            if not expired and self.decider.must_wait(self._candidates({}), False):
                 return
             self._held.pop()
             await self._route(rid, req, arrival)
 
     def _candidates(self, matches: dict[str, int]) -> list[Candidate]:
-        return [
-            build_candidate(
-                self.cfg.model, rep.name, matched_blocks=matches.get(rep.name, 0),
-                block_size=self.cfg.block_size, local=self.loads.get(self.cfg.model, rep.name),
-                reported=self._reported(rep), prefill_tok_s=self.cfg.prior_prefill_tok_s,
-                now=self.now,
-            )
-            for rep in self.replicas
-        ]
+        view = [ReplicaInfo(rep.name, 1 << 30, self._reported(rep)) for rep in self.replicas]
+        return self.decider.candidates(self.cfg.model, view, matches, self.now)
 
     async def _context(self, rid: str, req: TraceRequest) -> RequestContext:
         model, hashes = self.cfg.model, list(req.hash_ids)
         matches = (await self.index.lookup({model: hashes})).get(model, {})
-        return RequestContext(rid, {model: req.input_length}, {model: hashes},
-                              self.cfg.block_size, self._candidates(matches), now=self.now)
+        route = RouteRequest(model, [], SamplingParams(max_tokens=max(1, req.output_length)),
+                             rid, {}, None)
+        return request_context(self._config, route, {model: 1.0}, {model: hashes},
+                               self._candidates(matches), None,
+                               prompt_tokens=req.input_length, now=self.now)
 
     async def _route(self, rid: str, req: TraceRequest, arrival: float,
                      ctx: RequestContext | None = None) -> None:
         model, hashes, prompt = self.cfg.model, list(req.hash_ids), req.input_length
         ctx = ctx or await self._context(rid, req)
-        target = self.pipeline.rank(ctx)[0]
-        self.pipeline.on_routed(ctx, target)
-        self._tickets[rid] = self.loads.begin(model, target.replica, ctx.uncached(target),
-                                              self.now)
+        target = self.decider.rank(ctx)[0]
+        self._tickets[rid] = self.decider.begin(ctx, target, self.now)
         await self.index.record_routed(model, target.replica, hashes)
         # Predicted as the engine counts: at least one prompt token is always computed.
         predicted = min(target.matched_tokens, prompt - 1)

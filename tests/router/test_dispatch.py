@@ -13,9 +13,11 @@ from ray.serve.exceptions import BackPressureError
 
 from router import telemetry
 from router.context import Candidate, RequestContext
+from router.decision import Decider
 from router.dispatch import Dispatcher
 from router.errors import ApiError
 from router.load import LoadTracker
+from router.pipeline import PipelineConfig
 from workers.protocol import Chunk, Rejected, SamplingParams, WorkRequest
 
 WORK = WorkRequest("req-1", [1, 2, 3], SamplingParams(max_tokens=4))
@@ -63,7 +65,8 @@ def ctx(cands: list[Candidate]) -> RequestContext:
 def dispatcher(handles: dict[str, FakeHandle], timeout_s: float = 5.0
                ) -> tuple[Dispatcher, LoadTracker, list[tuple[str, str]]]:
     loads, routed = LoadTracker(), []
-    d = Dispatcher(handles, loads, max_retries=2, first_token_timeout_s=timeout_s,
+    decider = Decider(PipelineConfig(), loads, block_size=64, prior_prefill_tok_s=4000.0)
+    d = Dispatcher(handles, decider, max_retries=2, first_token_timeout_s=timeout_s,
                    record_routed=lambda m, r, h: routed.append((m, r)),
                    remember=lambda m, r: None)
     return d, loads, routed
