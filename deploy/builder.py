@@ -16,8 +16,9 @@ from ray.serve.config import RequestRouterConfig
 
 from deploy.config import AutoscalingConfig, IndexConfig, KvrouteConfig, ModelConfig
 from deploy.serve_env import replica_env
-from ops.tracing import tracing_env
+from deploy.tracing import tracing_env
 from router.auth import resolve_for_replicas
+from router.direct_http import DirectHttp
 from router.ingress import Ingress
 from router.metrics_hub import MetricsHub
 from router.request_router import KvRequestRouter
@@ -54,7 +55,9 @@ def build_worker(m: ModelConfig, index: IndexConfig) -> Application:
         **_scaling(m.num_replicas, m.autoscaling),
         **_spread(m.max_replicas_per_node),
     )
-    return deployment.bind(m.model_dump(), index.model_dump())
+    # The benchmark-only direct endpoint comes in as a class, so workers never import router.
+    direct = DirectHttp if m.direct_http else None
+    return deployment.bind(m.model_dump(), index.model_dump(), direct)
 
 
 def _actor_options(num_cpus: float, num_gpus: float = 0.0) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from typing import Any
 
 from ray.serve.exceptions import BackPressureError
 
-from ops import tracing
+from deploy import tracing
 from router import metrics, telemetry
 from router.context import Candidate, RequestContext
 from router.decision import Decider

@@ -23,7 +23,7 @@ from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from deploy.config import KvrouteConfig
-from ops.tracing import setup_tracing, shutdown_tracing
+from deploy.tracing import setup_tracing, shutdown_tracing
 from router import anthropic_routes, openai_routes, responses_routes
 from router.auth import exposure_warning
 from router.core import RouterCore

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ops.tracing import tracer
+from deploy.tracing import tracer
 from router import metrics
 from router.admission import AdmissionParams
 from router.context import Candidate, RequestContext

@@ -17,7 +17,7 @@ from typing import Any
 
 from opentelemetry import context, trace
 
-from ops.tracing import extract, tracer
+from deploy.tracing import extract, tracer
 from router import metrics
 from workers.protocol import Usage
 

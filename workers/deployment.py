@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
 
 import ray
 from ray import serve
 
 from cache_service import IndexSettings, make_index
 from deploy.config import IndexConfig, ModelConfig
-from ops.tracing import setup_tracing, shutdown_tracing
-from workers.direct_http import DirectHttp
+from deploy.tracing import setup_tracing, shutdown_tracing
 from workers.engines import make_engine
 from workers.protocol import (
     Chunk,
@@ -38,8 +37,25 @@ from workers.spans import GenerationSpans
 log = logging.getLogger(__name__)
 
 
+class DirectEndpoint(Protocol):
+    """A replica's own HTTP endpoint (``router.direct_http.DirectHttp``, benchmark only).
+
+    The builder hands its class to the worker, so ``workers`` never imports ``router``."""
+
+    address: str | None
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+DirectFactory = Callable[[str, str, Callable[[WorkRequest], AsyncIterator[WorkerMessage]]],
+                         DirectEndpoint]
+
+
 class ModelWorker:
-    async def __init__(self, model: dict[str, Any], index: dict[str, Any]) -> None:
+    async def __init__(self, model: dict[str, Any], index: dict[str, Any],
+                       direct_http: DirectFactory | None = None) -> None:
         setup_tracing("kvroute-worker")
         self._cfg = ModelConfig.model_validate(model)
         idx = IndexConfig.model_validate(index)
@@ -57,9 +73,9 @@ class ModelWorker:
             index = make_index(idx.redis_url, settings)
             self._publisher = IndexPublisher(self._engine, index, self._cfg.name, self._replica)
             self._publisher.start()
-        self._direct: DirectHttp | None = None
-        if self._cfg.direct_http:
-            self._direct = DirectHttp(self._cfg.name, self._cfg.model_path, self.generate)
+        self._direct: DirectEndpoint | None = None
+        if direct_http is not None:
+            self._direct = direct_http(self._cfg.name, self._cfg.model_path, self.generate)
             await self._direct.start()
         log.info("worker %s/%s ready (%s)", self._cfg.name, self._replica, self._cfg.engine)
 

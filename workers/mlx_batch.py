@@ -35,15 +35,20 @@ import queue
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cache_service.hashing import model_salt
 from workers.kv_store import PrefixKVStore
-from workers.protocol import EngineError, Finished, InputRejected, SamplingParams, TokenChunk, Usage
+from workers.mlx_jobs import BatchConfig, Job
+from workers.protocol import (
+    EngineError,
+    Finished,
+    InputRejected,
+    SamplingParams,
+    TokenChunk,
+    Usage,
+)
 from workers.stops import StopMatcher
-
-if TYPE_CHECKING:  # records shared with the adapter, which imports this module
-    from workers.mlx_engine import BatchConfig, Job
 
 log = logging.getLogger(__name__)
 _IDLE_POLL_S = 0.1  # idle wait on the inbox; stop() also wakes it at once

@@ -23,11 +23,10 @@ import os
 import threading
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from typing import Any
 
 from cache_service.events import CacheEvent
 from workers.mlx_batch import BatchLoop, SamplingError
+from workers.mlx_jobs import BatchConfig, Job
 from workers.protocol import (
     EngineError,
     Finished,
@@ -35,40 +34,6 @@ from workers.protocol import (
     LoadStats,
     TokenChunk,
 )
-
-
-@dataclass(slots=True, eq=False)  # identity equality
-class Job:
-    """One request as both threads see it."""
-
-    request: GenerateRequest
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[Any]
-    aborted: threading.Event = field(default_factory=threading.Event)
-    prefill_left: int = 0  # uncached prompt tokens not yet prefilled (engine thread writes)
-    uid: int | None = None  # BatchGenerator uid once inserted
-
-    def __post_init__(self) -> None:
-        self.prefill_left = len(self.request.token_ids)  # until the cache lookup says less
-
-    def put(self, item: Any) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
-        except RuntimeError:  # the consumer's loop is closed: nobody is listening
-            pass
-
-
-@dataclass(frozen=True, slots=True)
-class BatchConfig:
-    model_path: str
-    model_name: str
-    replica_id: str
-    block_size: int
-    cache_bytes: int
-    max_cache_entries: int
-    prefill_step_size: int | None = None  # None: by device (BatchLoop._prefill_settings)
-    max_batch: int = 32  # sequences decoding together (mlx-lm's decode concurrency)
-    prefill_batch_size: int | None = None
 
 
 class MlxEngine:

@@ -7,7 +7,7 @@ from typing import Any
 
 from opentelemetry import trace
 
-from ops.tracing import extract, tracer
+from deploy.tracing import extract, tracer
 from workers.protocol import Usage
 
 TRACER = tracer("kvroute.worker")

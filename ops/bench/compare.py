@@ -4,7 +4,7 @@
         --out compare.json --plot docs/img
 
 It deploys the worker replicas once, with ``direct_http`` on (each replica also
-serves its own OpenAI endpoint, ``workers.direct_http``), reads their endpoints
+serves its own OpenAI endpoint, ``router.direct_http``), reads their endpoints
 from ``GET /kvroute/replicas``, and runs the same workload through, in turn:
 
 * ``kvroute``: kvroute's router (Serve proxy -> ingress -> replica);

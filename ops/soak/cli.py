@@ -1,4 +1,21 @@
-"""``kvroute soak``: run the workload, sample, fit growth, judge, report."""
+"""``kvroute soak``: a long mixed workload against a running kvroute, watching for leaks.
+
+Load: ``--concurrency`` closed-loop httpx workers (seeded) send OpenAI chat and
+completions and Anthropic messages, streamed and not, and count_tokens; half of them
+continue shared-prefix conversations (``x-session-id``), the rest are fresh prompts.
+A non-200, a transport error, an error event or a malformed reply is an error.
+
+Every ``--interval`` it samples the Ray processes serving ``--url`` (the raylet above
+the process listening on its port, everything under it, the cluster's daemons; or
+``--pids``): summed RSS, open fds, per-process RSS; Redis ``used_memory`` and keys;
+the interval's latency percentiles. Growth per hour is the least-squares slope after
+``--fit-from`` of the run (default: the second half, past warm-up); a bound fails
+when the slope minus two standard errors is over it, so noise cannot fail a short
+run and a leak does. Bounds and their reasons: docs/reliability.md. Exit code 1 on
+errors over ``--max-error-rate`` (default 0: any), growth over a bound, or no
+request done. Ctrl-C stops early and still reports; ``--out`` writes the JSON.
+Also ``python -m deploy.cli soak``.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +31,6 @@ from typing import Any
 
 import httpx
 
-from . import __doc__ as DOC
 from .probes import (
     growth_per_hour,
     per_process_growth,
@@ -168,7 +184,7 @@ def cmd_soak(args: argparse.Namespace) -> int:
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("soak", help="long mixed workload; fails on errors or leaks",
-                              description=DOC, formatter_class=argparse.RawTextHelpFormatter)
+                              description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--url", default="http://127.0.0.1:8000", help="a running kvroute")
     p.add_argument("--duration", type=duration, default=600.0, help="e.g. 180, 3m, 24h")
     p.add_argument("--concurrency", type=int, default=8, help="requests in flight")

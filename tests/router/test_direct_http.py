@@ -1,4 +1,4 @@
-"""``workers.direct_http.DirectHttp``: a replica's own OpenAI endpoint, with a fake engine.
+"""``router.direct_http.DirectHttp``: a replica's own OpenAI endpoint, with a fake engine.
 
 The server runs in the test's event loop (as it does in the replica's) on a free
 loopback port; requests go over real HTTP.
@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
+from router.direct_http import DirectHttp
 from router.tokenization import ChatTokenizer
-from workers.direct_http import DirectHttp
 from workers.protocol import Chunk, Final, SamplingParams, Usage, WorkerMessage, WorkRequest
 
 MODEL = "tiny-llama"
