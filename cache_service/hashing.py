@@ -40,11 +40,12 @@ import array
 import struct
 import sys
 from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 import xxhash
 
-__all__ = ["DEFAULT_BLOCK_SIZE", "HASH_MASK", "block_hashes", "model_salt"]
+__all__ = ["DEFAULT_BLOCK_SIZE", "HASH_MASK", "HashMemo", "block_hashes", "model_salt"]
 
 DEFAULT_BLOCK_SIZE: int = 64
 HASH_MASK: int = (1 << 64) - 1
@@ -62,17 +63,28 @@ def model_salt(model_identity: str) -> int:
     return xxhash.xxh3_64_intdigest(_SALT_DOMAIN + model_identity.encode("utf-8"))
 
 
-def _pack_tokens(token_ids: Sequence[int], n_tokens: int) -> bytes:
-    """First ``n_tokens`` token ids as little-endian uint32 bytes (validated, no silent wrap)."""
+class HashMemo(Protocol):
+    """Chained hashes already known for a prefix of a prompt (``router.prompt_cache``):
+    ``known`` returns the hashes of its leading full blocks, ``learn`` is told the whole
+    list once computed. Chained hashes are a prefix property, so the prompt's hashes are
+    ``known`` followed by the chain continued from ``known[-1]``."""
+
+    def known(self, block_size: int, salt: int) -> list[int]: ...
+
+    def learn(self, block_size: int, salt: int, hashes: Sequence[int]) -> None: ...
+
+
+def _pack_tokens(token_ids: Sequence[int], n_tokens: int, start: int = 0) -> bytes:
+    """Token ids ``[start, n_tokens)`` as little-endian uint32 bytes (validated, no wrap)."""
     if isinstance(token_ids, np.ndarray):
-        arr = token_ids[:n_tokens]
+        arr = token_ids[start:n_tokens]
         if arr.dtype != np.dtype("<u4"):
             if arr.size and (int(arr.min()) < 0 or int(arr.max()) > _U32_MAX):
                 raise ValueError("token ids must be in [0, 2**32)")
             arr = arr.astype("<u4")
         return arr.tobytes()
     try:
-        packed = array.array("I", token_ids[:n_tokens])
+        packed = array.array("I", token_ids[start:n_tokens])
     except OverflowError as exc:
         raise ValueError("token ids must be in [0, 2**32)") from exc
     if packed.itemsize != 4:  # pragma: no cover - exotic platforms
@@ -93,21 +105,35 @@ def block_hashes(
     ``parent`` continues an existing chain: ``block_hashes(a + b)`` equals
     ``block_hashes(a) + block_hashes(b, parent=block_hashes(a)[-1])`` when ``len(a)`` is a
     multiple of ``block_size``. When ``parent`` is given, ``salt`` is ignored (it is already
-    folded into the parent).
+    folded into the parent). ``token_ids`` carrying a ``hash_memo`` (a ``HashMemo``, set by
+    the router's prompt cache) only hash the blocks past the memo's; the values are the same.
     """
     if block_size <= 0:
         raise ValueError("block_size must be positive")
     n_blocks = len(token_ids) // block_size
-    if n_blocks == 0:
+    memo: HashMemo | None = getattr(token_ids, "hash_memo", None) if parent is None else None
+    if memo is None:
+        return _chain(token_ids, 0, n_blocks, block_size, salt if parent is None else parent)
+    known = memo.known(block_size, salt)[:n_blocks]
+    rest = _chain(token_ids, len(known), n_blocks, block_size, known[-1] if known else salt)
+    out = known + rest
+    memo.learn(block_size, salt, out)
+    return out
+
+
+def _chain(token_ids: Sequence[int], first: int, n_blocks: int, block_size: int,
+           prev: int) -> list[int]:
+    """Hashes of blocks ``[first, n_blocks)``, chained from ``prev``."""
+    if n_blocks <= first:
         return []
-    prev = (salt if parent is None else parent) & HASH_MASK
-    data = memoryview(_pack_tokens(token_ids, n_blocks * block_size))
+    prev &= HASH_MASK
+    data = memoryview(_pack_tokens(token_ids, n_blocks * block_size, first * block_size))
     step = 4 * block_size
     digest = xxhash.xxh3_64_intdigest
     pack = _U64.pack
     out: list[int] = []
     append = out.append
-    for start in range(0, n_blocks * step, step):
+    for start in range(0, (n_blocks - first) * step, step):
         prev = digest(pack(prev) + data[start : start + step])
         append(prev)
     return out

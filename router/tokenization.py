@@ -3,6 +3,10 @@
 Renders the model's own Jinja chat template (from ``tokenizer_config.json``) in
 a sandbox, the way transformers' ``apply_chat_template`` does, then encodes with
 the fast ``tokenizers`` library. Only token ids travel on to the workers.
+
+``encode`` reuses the ids of the longest cached prefix that ends at an exact boundary
+(``router.prompt_cache``); ``encode_chat`` / ``aencode`` do the work in a bounded thread
+pool, off the event loop.
 """
 
 from __future__ import annotations
@@ -17,6 +21,16 @@ from typing import Any
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
+
+from router.prompt_cache import IncrementalEncoder, PromptCacheConfig, boundary_tokens, off_loop
+
+# Conversations rendered once at load, to see which added tokens the template emits.
+_PROBE_CHATS: tuple[list[dict[str, Any]], ...] = (
+    [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+     {"role": "assistant", "content": "a"}, {"role": "user", "content": "v"}],
+    [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"},
+     {"role": "user", "content": "v"}],
+)
 
 
 class TemplateRenderError(ValueError):
@@ -48,7 +62,7 @@ def resolve_model_dir(model_path: str) -> Path:
 
 
 class ChatTokenizer:
-    def __init__(self, model_path: str) -> None:
+    def __init__(self, model_path: str, cache: PromptCacheConfig | None = None) -> None:
         folder = resolve_model_dir(model_path)
         self._tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
         cfg = json.loads((folder / "tokenizer_config.json").read_text())
@@ -72,6 +86,19 @@ class ChatTokenizer:
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         self.vocab_fingerprint = hashlib.sha256(
             (folder / "tokenizer.json").read_bytes()).hexdigest()
+        self.cache_config = cache or PromptCacheConfig.from_env()
+        self.prompt_cache = IncrementalEncoder(
+            self._tok, self._boundaries() if self.cache_config.enabled else (),
+            self.cache_config.max_bytes)
+
+    def _boundaries(self) -> tuple[str, ...]:
+        rendered = []
+        for chat in _PROBE_CHATS:
+            try:
+                rendered.append(self.render(chat))
+            except TemplateRenderError:
+                continue
+        return boundary_tokens(self._tok, rendered)
 
     def render(
         self,
@@ -104,7 +131,26 @@ class ChatTokenizer:
 
     def encode(self, text: str) -> list[int]:
         # The template already placed every special token it wants.
+        if not self.prompt_cache.active:
+            return self.encode_full(text)
+        return self.prompt_cache.encode(text)
+
+    def encode_full(self, text: str) -> list[int]:
+        """Whole-text tokenization, no cache (the reference ``encode`` must equal)."""
         return self._tok.encode(text, add_special_tokens=False).ids
+
+    def render_encode(self, messages: list[dict[str, Any]],
+                      tools: list[dict[str, Any]] | None = None, suffix: str = "") -> list[int]:
+        return self.encode(self.render(messages, tools=tools) + suffix)
+
+    async def encode_chat(self, messages: list[dict[str, Any]],
+                          tools: list[dict[str, Any]] | None = None, suffix: str = ""
+                          ) -> list[int]:
+        """Render and tokenize in the tokenize pool; raises ``TemplateRenderError``."""
+        return await off_loop(self.cache_config, self.render_encode, messages, tools, suffix)
+
+    async def aencode(self, text: str) -> list[int]:
+        return await off_loop(self.cache_config, self.encode, text)
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=False)
