@@ -161,6 +161,14 @@ class ServerConfig(_Strict):
     proxy_location: Literal["EveryNode", "HeadOnly"] = Field(
         "EveryNode", description="Where Serve runs HTTP proxies (one per node, or head only)."
     )
+    max_body_bytes: int = Field(
+        8 << 20, ge=1024, le=1 << 30, description="Largest request body; over it a 413 before "
+        "parsing (8 MiB holds a 200k-token conversation as JSON; docs/reliability.md).",
+    )
+    body_bytes_per_token: int = Field(
+        32, ge=1, description="Cheap bound against the context window: a body over the "
+        "largest window x this (+1 MiB) is a 413 before parsing or tokenizing.",
+    )
 
 
 class ResponsesConfig(_Strict):

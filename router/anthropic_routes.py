@@ -58,7 +58,7 @@ async def messages(core: RouterCore, request: Request) -> Response:
     key = core.auth.authenticate(request.headers)  # 401 before reading the body
     req = await parse_body(request, MessagesRequest)
     tok = core.tokenizer(req.model)
-    ids = encode_prompt(tok, to_chat(req, tok.system_in_place))
+    ids = await encode_prompt(tok, to_chat(req, tok.system_in_place))
     budget, bound = _budget(core, req.model, len(ids), req.max_tokens)
     params = sampling(
         budget, DEFAULT_TEMPERATURE if req.temperature is None else req.temperature,
@@ -80,7 +80,7 @@ async def count_tokens(core: RouterCore, request: Request) -> Response:
     core.auth.authenticate(request.headers)
     req = await parse_body(request, CountTokensRequest)
     tok = core.tokenizer(req.model)
-    ids = encode_prompt(tok, to_chat(req, tok.system_in_place))
+    ids = await encode_prompt(tok, to_chat(req, tok.system_in_place))
     return JSONResponse({"input_tokens": len(ids)})
 
 

@@ -113,14 +113,14 @@ def routing_headers(gen: Generation) -> dict[str, str]:
     }
 
 
-def encode_prompt(tok: ChatTokenizer, prompt: ChatPrompt) -> list[int]:
-    """Render the chat template and tokenize, once; a conversation the template refuses
-    is a 400."""
+async def encode_prompt(tok: ChatTokenizer, prompt: ChatPrompt) -> list[int]:
+    """Render the chat template and tokenize, once, in the tokenize pool (off the event
+    loop; only the new part of a growing prompt is tokenized, ``router.prompt_cache``); a
+    conversation the template refuses is a 400."""
     try:
-        text = tok.render(prompt.messages, tools=prompt.tools)
+        return await tok.encode_chat(prompt.messages, prompt.tools, prompt.prefill or "")
     except TemplateRenderError as e:
         raise ApiError(400, str(e), "invalid_messages", "messages") from None
-    return tok.encode(text + (prompt.prefill or ""))
 
 
 def output_budget(core: RouterCore, model: str, prompt_len: int, limit: int | None) -> int:

@@ -53,7 +53,7 @@ async def chat_completions(core: RouterCore, request: Request) -> Response:
     req = await parse_body(request, ChatCompletionRequest)
     tok = core.tokenizer(req.model)
     messages = place_system(req.template_messages(), tok.system_in_place)
-    ids = encode_prompt(tok, ChatPrompt(messages, req.template_tools()))
+    ids = await encode_prompt(tok, ChatPrompt(messages, req.template_tools()))
     parser = None
     if req.parses_tools():
         parser = tc.make_parser(tc.family_for_model(core.primary(req.model).model_path))
@@ -66,7 +66,7 @@ async def completions(core: RouterCore, request: Request) -> Response:
     req = await parse_body(request, CompletionRequest)
     tok = core.tokenizer(req.model)
     if isinstance(req.prompt, str):
-        ids = tok.encode(req.prompt)
+        ids = await tok.aencode(req.prompt)
     else:
         ids = list(req.prompt)
         if any(t < 0 or t >= tok.vocab_size for t in ids):

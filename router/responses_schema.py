@@ -24,6 +24,13 @@ from pydantic import (
 )
 
 from router.openai_schema import JsonSchemaFormat, ResponseFormat
+from router.request_limits import (
+    MAX_BLOCKS,
+    MAX_DESCRIPTION_CHARS,
+    MAX_MESSAGES,
+    MAX_TEXT_CHARS,
+    MAX_TOOLS,
+)
 
 
 class _Lenient(BaseModel):
@@ -33,7 +40,7 @@ class _Lenient(BaseModel):
 class FunctionTool(_Lenient):
     type: Literal["function"]
     name: str = Field(min_length=1, max_length=128)
-    description: str | None = None
+    description: str | None = Field(None, max_length=MAX_DESCRIPTION_CHARS)
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
 
@@ -44,7 +51,7 @@ class CustomTool(_Lenient):
 
     type: Literal["custom"]
     name: str = Field(min_length=1, max_length=128)
-    description: str | None = None
+    description: str | None = Field(None, max_length=MAX_DESCRIPTION_CHARS)
     format: dict[str, Any] | None = None
 
 
@@ -88,7 +95,7 @@ class TextPart(_Lenient):
     """``input_text`` (user, system, developer) and ``output_text`` (assistant)."""
 
     type: Literal["input_text", "output_text", "text", "summary_text"]
-    text: str
+    text: str = Field(max_length=MAX_TEXT_CHARS)
 
 
 class RefusalPart(_Lenient):
@@ -110,7 +117,8 @@ Part = Annotated[TextPart | RefusalPart | ImagePart | FilePart, Field(discrimina
 class MessageItem(_Lenient):
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system", "developer"]
-    content: str | list[Part]
+    content: (Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
+              | Annotated[list[Part], Field(max_length=MAX_BLOCKS)])
 
 
 class FunctionCallItem(_Lenient):
@@ -118,13 +126,14 @@ class FunctionCallItem(_Lenient):
     call_id: str = Field(min_length=1, max_length=256)
     name: str = Field(min_length=1, max_length=128)
     namespace: str | None = Field(None, max_length=128)
-    arguments: str = "{}"
+    arguments: str = Field("{}", max_length=MAX_TEXT_CHARS)
 
 
 class FunctionCallOutputItem(_Lenient):
     type: Literal["function_call_output"]
     call_id: str = Field(min_length=1, max_length=256)
-    output: str | list[Part] = ""
+    output: (Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
+             | Annotated[list[Part], Field(max_length=MAX_BLOCKS)]) = ""
 
 
 class CustomToolCallItem(_Lenient):
@@ -134,13 +143,14 @@ class CustomToolCallItem(_Lenient):
     call_id: str = Field(min_length=1, max_length=256)
     name: str = Field(min_length=1, max_length=128)
     namespace: str | None = Field(None, max_length=128)
-    input: str = ""
+    input: str = Field("", max_length=MAX_TEXT_CHARS)
 
 
 class CustomToolCallOutputItem(_Lenient):
     type: Literal["custom_tool_call_output"]
     call_id: str = Field(min_length=1, max_length=256)
-    output: str | list[Part] = ""
+    output: (Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
+             | Annotated[list[Part], Field(max_length=MAX_BLOCKS)]) = ""
 
 
 class AdditionalToolsItem(_Lenient):
@@ -232,9 +242,11 @@ class TextConfig(_Lenient):
 
 class ResponsesRequest(_Lenient):
     model: str = Field(min_length=1)
-    input: str | list[InputItem] = Field(description="A string, or a list of input items.")
-    instructions: str | None = None
-    tools: list[Tool] | None = None
+    input: (Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
+            | Annotated[list[InputItem], Field(max_length=MAX_MESSAGES)]) = Field(
+        description="A string, or a list of input items.")
+    instructions: str | None = Field(None, max_length=MAX_TEXT_CHARS)
+    tools: list[Tool] | None = Field(None, max_length=MAX_TOOLS)
     tool_choice: Literal["none", "auto", "required"] | NamedTool | None = None
     parallel_tool_calls: bool | None = None
     max_output_tokens: int | None = Field(None, ge=1)

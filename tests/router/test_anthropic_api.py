@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.testclient import TestClient
 from starlette.requests import ClientDisconnect
 
-from deploy.config import ModelConfig
+from deploy.config import KvrouteConfig, ModelConfig
 from router import anthropic_routes, openai_routes, responses_routes
 from router.auth import ApiKeyConfig, Authenticator
 from router.errors import ApiError, error_response
@@ -81,6 +81,7 @@ class FakeCore:
                  context_window: int = 4096) -> None:
         self.models = {"tiny": ModelConfig(name="tiny", model_path=str(model_dir),
                                            context_window=context_window)}
+        self.config = KvrouteConfig(models=list(self.models.values()))
         self.tok = ChatTokenizer(str(model_dir))
         self.script = script or Script()
         self.calls: list[dict[str, Any]] = []
