@@ -39,6 +39,8 @@ from router.core import Generation, RouterCore
 from router.errors import ApiError
 from router.http_util import (
     GenerationStream,
+    admit_caller,
+    body_limits,
     encode_prompt,
     forwarded_headers,
     output_budget,
@@ -55,8 +57,8 @@ DEFAULT_TEMPERATURE = 1.0
 
 
 async def messages(core: RouterCore, request: Request) -> Response:
-    key = core.auth.authenticate(request.headers)  # 401 before reading the body
-    req = await parse_body(request, MessagesRequest)
+    key = await admit_caller(core, request)  # 401 / 429 before reading the body
+    req = await parse_body(request, MessagesRequest, body_limits(core))
     tok = core.tokenizer(req.model)
     ids = await encode_prompt(tok, to_chat(req, tok.system_in_place))
     budget, bound = _budget(core, req.model, len(ids), req.max_tokens)
@@ -77,8 +79,8 @@ async def messages(core: RouterCore, request: Request) -> Response:
 
 
 async def count_tokens(core: RouterCore, request: Request) -> Response:
-    core.auth.authenticate(request.headers)
-    req = await parse_body(request, CountTokensRequest)
+    await admit_caller(core, request)  # rate-limited like any request (one per call)
+    req = await parse_body(request, CountTokensRequest, body_limits(core))
     tok = core.tokenizer(req.model)
     ids = await encode_prompt(tok, to_chat(req, tok.system_in_place))
     return JSONResponse({"input_tokens": len(ids)})

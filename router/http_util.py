@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -11,41 +12,86 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ValidationError
 from ray import serve
 
+from router.auth import ApiKeyConfig
 from router.core import Generation, RouterCore
 from router.errors import ApiError
 from router.normalize import ChatPrompt
 from router.tokenization import ChatTokenizer, TemplateRenderError
 from workers.protocol import SamplingParams
 
-MAX_BODY_BYTES = 32 << 20
+MAX_BODY_BYTES = 8 << 20  # the default of ServerConfig.max_body_bytes (docs/reliability.md)
 M = TypeVar("M", bound=BaseModel)
 
 
-def _too_large() -> ApiError:
-    return ApiError(413, f"request body over {MAX_BODY_BYTES} bytes", "body_too_large")
+@dataclass(frozen=True, slots=True)
+class BodyLimits:
+    """How much body a route reads before refusing it, all before any parsing.
+
+    ``max_bytes``: the configured hard limit. ``window_bytes``: the cheap bound against the
+    context window, the largest window of the models × a generous bytes-per-token bound, plus
+    slack for the JSON around the text and tools a template leaves out: a body over it cannot
+    fit any model, so it is refused before it is parsed, templated or tokenized."""
+
+    max_bytes: int = MAX_BODY_BYTES
+    window_bytes: int | None = None
+
+    @property
+    def limit(self) -> int:
+        return min(self.max_bytes, self.window_bytes or self.max_bytes)
+
+    def refusal(self, size: int) -> ApiError:
+        if size > self.max_bytes:
+            return ApiError(413, f"request body over {self.max_bytes} bytes", "body_too_large")
+        return ApiError(413, f"request body over {self.limit} bytes cannot fit the context "
+                        "window of any model served here", "body_too_large")
 
 
-async def read_body(request: Request) -> bytes:
+WINDOW_SLACK_BYTES = 1 << 20
+
+
+def body_limits(core: RouterCore) -> BodyLimits:
+    server = core.config.server
+    window = max(m.context_window for m in core.models.values())
+    return BodyLimits(server.max_body_bytes,
+                      window * server.body_bytes_per_token + WINDOW_SLACK_BYTES)
+
+
+async def admit_caller(core: RouterCore, request: Request) -> ApiKeyConfig | None:
+    """Authenticate (401) and charge one request to the key's requests/min (429) before the
+    body is read, so a refused caller costs no parse. Returns the key to hand on to
+    ``RouterCore.generate``, whose own admission then charges tokens only (the request is
+    already counted)."""
+    key = core.auth.authenticate(request.headers)
+    if key is None:
+        return None
+    if key.requests_per_min:
+        await core.limiter.admit(key.model_copy(update={"tokens_per_min": None}), 0)
+    return key.model_copy(update={"requests_per_min": None})
+
+
+async def read_body(request: Request, limits: BodyLimits | None = None) -> bytes:
     """The body, refused with a 413 as soon as it is known to be over the limit.
 
     A declared ``Content-Length`` over the limit is refused before reading anything, and a
     chunked body stops being read at the limit, so an oversized upload is never held whole.
     """
+    limits = limits or BodyLimits()
+    limit = limits.limit
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise _too_large()
+    if declared.isdigit() and int(declared) > limit:
+        raise limits.refusal(int(declared))
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise _too_large()
+        if size > limit:
+            raise limits.refusal(size)
         chunks.append(chunk)
     return b"".join(chunks)
 
 
-async def parse_body(request: Request, schema: type[M]) -> M:
+async def parse_body(request: Request, schema: type[M], limits: BodyLimits | None = None) -> M:
     """JSON body → pydantic model; every failure is a 400/413 ``ApiError``."""
-    body = await read_body(request)
+    body = await read_body(request, limits)
     try:
         # pydantic's own JSON parser: it rejects invalid UTF-8, lone surrogates (which
         # json.loads lets through and the tokenizer then chokes on) and absurd nesting.

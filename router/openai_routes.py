@@ -22,10 +22,13 @@ from fastapi.responses import JSONResponse, Response
 
 from router import openai_api as oa
 from router import tool_calls as tc
+from router.auth import ApiKeyConfig
 from router.core import Generation, RouterCore
 from router.errors import ApiError
 from router.http_util import (
     GenerationStream,
+    admit_caller,
+    body_limits,
     encode_prompt,
     forwarded_headers,
     output_budget,
@@ -49,8 +52,8 @@ def list_models(core: RouterCore) -> dict[str, Any]:
 
 
 async def chat_completions(core: RouterCore, request: Request) -> Response:
-    core.auth.authenticate(request.headers)  # 401 before reading the body
-    req = await parse_body(request, ChatCompletionRequest)
+    key = await admit_caller(core, request)  # 401 / 429 before reading the body
+    req = await parse_body(request, ChatCompletionRequest, body_limits(core))
     tok = core.tokenizer(req.model)
     messages = place_system(req.template_messages(), tok.system_in_place)
     ids = await encode_prompt(tok, ChatPrompt(messages, req.template_tools()))
@@ -58,12 +61,12 @@ async def chat_completions(core: RouterCore, request: Request) -> Response:
     if req.parses_tools():
         parser = tc.make_parser(tc.family_for_model(core.primary(req.model).model_path))
     out = _Output(parser, single_call=req.parallel_tool_calls is False)
-    return await _serve(core, request, req, ids, out)
+    return await _serve(core, request, req, ids, out, key)
 
 
 async def completions(core: RouterCore, request: Request) -> Response:
-    core.auth.authenticate(request.headers)  # 401 before reading the body
-    req = await parse_body(request, CompletionRequest)
+    key = await admit_caller(core, request)  # 401 / 429 before reading the body
+    req = await parse_body(request, CompletionRequest, body_limits(core))
     tok = core.tokenizer(req.model)
     if isinstance(req.prompt, str):
         ids = await tok.aencode(req.prompt)
@@ -74,7 +77,7 @@ async def completions(core: RouterCore, request: Request) -> Response:
                            "invalid_token_ids", "prompt")
     if not ids:
         raise ApiError(400, "prompt is empty", "empty_prompt", "prompt")
-    return await _serve(core, request, req, ids, None)
+    return await _serve(core, request, req, ids, None, key)
 
 
 class _Output:
@@ -97,13 +100,12 @@ class _Output:
 
 
 async def _serve(core: RouterCore, request: Request, req: SamplingFields, ids: list[int],
-                 out: _Output | None) -> Response:
+                 out: _Output | None, key: ApiKeyConfig | None) -> Response:
     """Generate and reply; ``out`` None for /v1/completions (plain text)."""
     chat = out is not None
     rid = request_id("chatcmpl" if chat else "cmpl")
     budget = output_budget(core, req.model, len(ids), req.output_limit())
     params = sampling(budget, req.temperature, req.top_p, req.stop_list(), req.seed)
-    key = core.auth.authenticate(request.headers)
     session = session_key(request.headers, prompt_cache_key=req.prompt_cache_key,
                           tenant=key.name if key else None)
     gen = await core.generate(

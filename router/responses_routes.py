@@ -29,6 +29,8 @@ from router.core import Generation, RouterCore
 from router.errors import ApiError
 from router.http_util import (
     GenerationStream,
+    admit_caller,
+    body_limits,
     encode_prompt,
     forwarded_headers,
     output_budget,
@@ -47,8 +49,8 @@ log = logging.getLogger(__name__)
 
 
 async def create(core: RouterCore, store: ResponseStore, request: Request) -> Response:
-    key = core.auth.authenticate(request.headers)  # 401 before reading the body
-    req = await parse_body(request, ResponsesRequest)
+    key = await admit_caller(core, request)  # 401 / 429 before reading the body
+    req = await parse_body(request, ResponsesRequest, body_limits(core))
     history = await _history(store, req)
     tok = core.tokenizer(req.model)
     prompt, conversation, catalog = to_chat(req, history, tok.system_in_place)
