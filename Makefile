@@ -40,6 +40,7 @@ agent-clis:
 test: venv redis agent-clis
 	$(BIN)/pip install -q -e '.[mlx,dev]'
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports  # the layering contracts in pyproject.toml
 	$(BIN)/pytest
 	$(BIN)/pytest -m multinode
 	$(BIN)/pytest -m soak  # 3 minutes of mixed load on a fresh cluster: no errors, no growth
@@ -62,3 +63,4 @@ test-fast: venv
 
 lint:
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports

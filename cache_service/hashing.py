@@ -45,9 +45,10 @@ from typing import Protocol
 import numpy as np
 import xxhash
 
+from deploy.config import DEFAULT_BLOCK_SIZE  # the config owns the default
+
 __all__ = ["DEFAULT_BLOCK_SIZE", "HASH_MASK", "HashMemo", "block_hashes", "model_salt"]
 
-DEFAULT_BLOCK_SIZE: int = 64
 HASH_MASK: int = (1 << 64) - 1
 
 _U64 = struct.Struct("<Q")

@@ -9,11 +9,12 @@ import signal
 import sys
 import time
 
-from deploy.config import EngineName, KvrouteConfig, demo_config, load_config
+from deploy.config import EngineName, IndexConfig, KvrouteConfig, ModelConfig, load_config
 from ops.bench.cli import add_parser as add_bench
 from ops.sim.cli import add_parser as add_sim
 from ops.soak import add_parser as add_soak
 from ops.status import add_parser as add_status
+from ops.tiny_model import ensure_model
 
 
 def _overrides(cfg: KvrouteConfig, args: argparse.Namespace) -> KvrouteConfig:
@@ -130,3 +131,15 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def demo_config(
+    backend: EngineName = "mlx", replicas: int = 2, redis_url: str | None = None
+) -> KvrouteConfig:
+    """The embedded default: the tiny offline model on ``backend``."""
+    url = redis_url or os.environ.get("KVROUTE_REDIS_URL") or None
+    model = ModelConfig(
+        name="tiny-llama", engine=backend, model_path=str(ensure_model()),
+        num_replicas=replicas, num_cpus=0.5,
+    )
+    return KvrouteConfig(models=[model], index=IndexConfig(redis_url=url))

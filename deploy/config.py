@@ -15,12 +15,12 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from cache_service.hashing import DEFAULT_BLOCK_SIZE
-from router.auth import AuthConfig
-from router.pipeline import PipelineConfig
-from router.profiles import profile
+from deploy.auth_config import AuthConfig
+from deploy.routing import PipelineConfig, profile
 
 EngineName = Literal["mlx", "vllm", "sim"]
+# Tokens per prefix-index block (cache_service.hashing); why 64: docs/index.md.
+DEFAULT_BLOCK_SIZE = 64
 
 
 class _Strict(BaseModel):
@@ -139,7 +139,7 @@ class RouterConfig(_Strict):
         "grpc", description="How the router streams from workers: Serve's direct gRPC data "
         "plane (about half the per-call latency) or Ray actor calls (Serve's default).",
     )
-    policy: str = Field("kvroute", description="A named routing profile (router.profiles).")
+    policy: str = Field("kvroute", description="A named routing profile (deploy.routing).")
     pipeline: PipelineConfig | None = Field(
         None, description="An explicit pipeline (filters, weighted scorers, picker); "
         "overrides `policy`.",
@@ -260,17 +260,3 @@ def load_config(path: str | Path) -> KvrouteConfig:
                              f"{APP_IMPORT_PATH!r}, found {len(apps)}")
         data = apps[0].get("args") or {}
     return KvrouteConfig.model_validate(data)
-
-
-def demo_config(
-    backend: EngineName = "mlx", replicas: int = 2, redis_url: str | None = None
-) -> KvrouteConfig:
-    """The embedded default: the tiny offline model on ``backend``."""
-    from ops.tiny_model import ensure_model
-
-    url = redis_url or os.environ.get("KVROUTE_REDIS_URL") or None
-    model = ModelConfig(
-        name="tiny-llama", engine=backend, model_path=str(ensure_model()),
-        num_replicas=replicas, num_cpus=0.5,
-    )
-    return KvrouteConfig(models=[model], index=IndexConfig(redis_url=url))

@@ -42,28 +42,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from deploy.routing import AdmissionParams
 from router.context import Candidate, RequestContext
 from router.errors import ApiError
 from router.plugins.queued_prefill_scorer import queued_now
 
 T = TypeVar("T")
-
-
-class AdmissionParams(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    hold_s: float = Field(0.02, ge=0.0, description="Dispatch at once while some candidate "
-                          "replica has at most this much prefill queued (s); else wait here.")
-    aging: float = Field(0.5, ge=0.0, description="Priority (s of own prefill) a held "
-                         "request gains per second waited; 0 = pure shortest first.")
-    tick_s: float = Field(0.02, gt=0.0, le=1.0, description="How often held requests are "
-                          "re-checked (also on every first token this router sees).")
-    max_hold_s: float = Field(10.0, gt=0.0, description="Longest wait before dispatching "
-                              "regardless (a safety valve against stale load reports).")
-    max_held: int = Field(1024, ge=1, description="Held requests beyond which new ones "
-                          "get 503 with retry-after.")
 
 
 def rate(c: Candidate) -> float:

@@ -12,13 +12,10 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
+from deploy.routing import PLUGIN_CHECKS, PipelineConfig, PluginRef
 from deploy.tracing import tracer
 from router import metrics
-from router.admission import AdmissionParams
 from router.context import Candidate, RequestContext
 from router.plugins import make_plugin
 
@@ -32,37 +29,6 @@ def _timed(plugin: str) -> Iterator[None]:
     with _TRACER.start_as_current_span(f"plugin.{plugin}"):
         yield
     metrics.PLUGIN.labels(plugin).observe(time.perf_counter() - start)
-
-
-class PluginRef(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str = Field(description="Registered kebab-case plugin name.")
-    weight: float = Field(1.0, ge=0.0, le=100.0, description="Scorer weight (scorers only).")
-    params: dict[str, Any] = Field(default_factory=dict, description="The plugin's typed params.")
-
-
-class PipelineConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    filters: list[PluginRef] = Field(
-        default_factory=lambda: [PluginRef(name="capacity-filter")],
-        description="Filters, applied in order.",
-    )
-    scorers: list[PluginRef] = Field(default_factory=list, description="Weighted scorers.")
-    picker: PluginRef = Field(
-        default_factory=lambda: PluginRef(name="max-score-picker"),
-        description="Turns total scores into a ranking.",
-    )
-    admission: AdmissionParams | None = Field(
-        None, description="Hold requests at the router while every candidate replica is "
-        "backed up, releasing the shortest first (router.admission); None: dispatch at once.",
-    )
-
-    @model_validator(mode="after")
-    def _plugins_exist(self) -> PipelineConfig:
-        Pipeline(self)  # unknown names or bad params fail here, at config time
-        return self
 
 
 class Pipeline:
@@ -92,3 +58,7 @@ class Pipeline:
         for plugin in [*self.filters, *(s for s, _ in self.scorers), self.picker]:
             if hook := getattr(plugin, "on_routed", None):
                 hook(ctx, chosen)
+
+
+PLUGIN_CHECKS.append(Pipeline)  # config validation builds the plugins (deploy.routing)
+__all__ = ["Pipeline", "PipelineConfig", "PluginRef"]

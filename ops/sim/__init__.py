@@ -1,7 +1,7 @@
 """``kvroute sim``: the offline routing-policy simulator.
 
 It replays a Mooncake trace through the PRODUCTION routing code (the named
-``router.profiles`` pipeline, candidates built by ``router.context.build_candidate``,
+``deploy.routing`` profile, candidates built by ``router.context.build_candidate``,
 ``router.load.LoadTracker`` and the ``MemoryPrefixIndex``) against ``SimCore``
 engine EMULATORS in virtual time. See ``simulator`` for the model and
 ``docs/routing.md`` for the results.

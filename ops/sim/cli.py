@@ -23,12 +23,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from deploy.routing import PROFILES
 from ops.sim.calibrate import REFERENCE, calibrate_speedup
 from ops.sim.oracle import no_queue_ttft, summary
 from ops.sim.report import bench_json, format_table, prefill_busy
 from ops.sim.simulator import SimConfig, simulate
 from ops.sim.trace import TraceRequest, ideal_reuse, load_trace, offered_load, speedup_for_load
-from router.profiles import PROFILES
 from workers.sim_core import LABEL
 
 

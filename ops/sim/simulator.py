@@ -44,14 +44,13 @@ from typing import Any
 from cache_service.index import IndexSettings
 from cache_service.memory_index import MemoryPrefixIndex
 from deploy.config import IndexConfig, KvrouteConfig, ModelConfig
+from deploy.routing import PipelineConfig, PluginRef, profile
 from ops.sim.trace import TraceRequest
 from router.admission import HoldQueue, own_prefill_s
 from router.context import Candidate, RequestContext
 from router.decision import Decider
 from router.load import LoadTracker, Ticket
-from router.pipeline import PipelineConfig, PluginRef
 from router.plugins import PLUGINS
-from router.profiles import profile
 from router.selection import RouteRequest, request_context
 from router.views import ReplicaInfo
 from workers.protocol import SamplingParams

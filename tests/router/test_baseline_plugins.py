@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from deploy.routing import PROFILES, profile
 from router.context import Candidate, RequestContext
 from router.pipeline import Pipeline
 from router.plugins import make_plugin
 from router.plugins.approx_tree import ApproxPrefixTree
-from router.profiles import PROFILES, profile
 
 BS = 512
 

@@ -1,9 +1,9 @@
 import pytest
 
+from deploy.routing import profile
 from router.context import Candidate, RequestContext
 from router.pipeline import Pipeline, PipelineConfig, PluginRef
 from router.plugins import PLUGINS, make_plugin
-from router.profiles import profile
 
 
 def _ctx(*cands: Candidate, prompt: int = 1000) -> RequestContext:

@@ -7,9 +7,9 @@ import pytest
 from pydantic import ValidationError
 
 from deploy.config import KvrouteConfig
+from deploy.routing import profile
 from router.context import Candidate, RequestContext
 from router.pipeline import Pipeline
-from router.profiles import profile
 
 PROMPT = 8000
 
