@@ -18,7 +18,7 @@ from typing import Any
 
 from ray.serve.handle import DeploymentHandle
 
-from cache_service import IndexSettings, make_index
+from cache_service import index_from_config
 from cache_service.hashing import block_hashes, model_salt
 from cache_service.index import PrefixIndex
 from deploy.config import KvrouteConfig, ModelConfig
@@ -57,11 +57,8 @@ class RouterCore:
         streaming = {name: h.options(stream=True, _by_reference=by_ref)
                      for name, h in handles.items()}
         idx = config.index
-        self.index: PrefixIndex = make_index(idx.redis_url, IndexSettings(
-            namespace=idx.namespace, routed_ttl_s=idx.routed_ttl_s,
-            stored_ttl_s=idx.stored_ttl_s, liveness_ttl_s=idx.liveness_ttl_s,
-            session_ttl_s=idx.session_ttl_s,
-        ), on_error=lambda op: metrics.INDEX_ERRORS.labels(op).inc())
+        self.index: PrefixIndex = index_from_config(
+            idx, on_error=lambda op: metrics.INDEX_ERRORS.labels(op).inc())
         routing = config.router.routing()
         self.loads = LoadTracker()
         self.decider = Decider(routing, self.loads, idx.block_size,

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import ray
 from ray import serve
 
-from cache_service import IndexSettings, make_index
+from cache_service import index_from_config
 from deploy.config import IndexConfig, ModelConfig
 from deploy.tracing import setup_tracing, shutdown_tracing
 from workers.engines import make_engine
@@ -66,11 +66,7 @@ class ModelWorker:
         await self._engine.start()
         self._publisher: IndexPublisher | None = None
         if idx.redis_url:
-            settings = IndexSettings(
-                namespace=idx.namespace, routed_ttl_s=idx.routed_ttl_s,
-                stored_ttl_s=idx.stored_ttl_s, liveness_ttl_s=idx.liveness_ttl_s,
-            )
-            index = make_index(idx.redis_url, settings)
+            index = index_from_config(idx)
             self._publisher = IndexPublisher(self._engine, index, self._cfg.name, self._replica)
             self._publisher.start()
         self._direct: DirectEndpoint | None = None
