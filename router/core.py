@@ -292,6 +292,8 @@ class RouterCore:
         self.loads.forget(live)
         self._ticks += 1
         if self._ticks % 5 == 0:  # index stats cost a Redis call: every 5 s is plenty
+            # replicas whose heartbeats stopped (a node lost while no router watched it)
+            await self.index.purge_dead()
             stats = await self.index.stats()
             metrics.INDEX_BLOCKS.set(stats.blocks)
             metrics.INDEX_REPLICAS.set(stats.replicas)

@@ -48,8 +48,8 @@ class Pipeline:
         for scorer, weight in self.scorers:
             with _timed(scorer.name):
                 scores = scorer.score(ctx)
-            for i, s in enumerate(scores):
-                totals[i] += weight * s
+            for i, s in enumerate(scores):  # the Scorer contract is [0, 1]: hold plugins to it
+                totals[i] += weight * (min(1.0, max(0.0, s)) if s == s else 0.0)
         with _timed(self.picker.name):
             return self.picker.pick(ctx, totals)
 

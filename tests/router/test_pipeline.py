@@ -4,6 +4,7 @@ from deploy.routing import profile
 from router.context import Candidate, RequestContext
 from router.pipeline import Pipeline, PipelineConfig, PluginRef
 from router.plugins import PLUGINS, make_plugin
+from router.plugins.base import register
 
 
 def _ctx(*cands: Candidate, prompt: int = 1000) -> RequestContext:
@@ -60,3 +61,24 @@ def test_scores_lie_in_unit_interval() -> None:
     for name, cls in PLUGINS.items():
         if cls.kind == "scorer":
             assert all(0.0 <= s <= 1.0 for s in make_plugin(name, "scorer").score(ctx)), name
+
+
+def test_scores_outside_zero_one_are_clamped_by_the_pipeline() -> None:
+    """A scorer that breaks the [0, 1] contract (or returns NaN) cannot outweigh the
+    others by more than its weight."""
+
+    @register("test-wild-scorer", "scorer")
+    class Wild:
+        def __init__(self, params: object) -> None: ...
+
+        def score(self, ctx: RequestContext) -> list[float]:
+            return [50.0 if c.replica == "a" else float("nan") for c in ctx.candidates]
+
+    try:
+        cfg = PipelineConfig(scorers=[PluginRef(name="test-wild-scorer", weight=0.5),
+                                      PluginRef(name="prefix-cache-scorer", weight=1.0)])
+        ranked = Pipeline(cfg).rank(_ctx(Candidate("m", "a"),
+                                         Candidate("m", "b", matched_tokens=900)))
+        assert ranked[0].replica == "b"  # unclamped, a's 25 would beat b's cache hit
+    finally:
+        del PLUGINS["test-wild-scorer"]
