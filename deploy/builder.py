@@ -85,6 +85,7 @@ def build_app(config: KvrouteConfig) -> Application:
     ingress = serve.deployment(Ingress).options(
         name=ROUTER_DEPLOYMENT,
         max_ongoing_requests=config.router.max_ongoing_requests,
+        max_queued_requests=config.router.max_queued_requests,
         **_scaling(config.router.replicas, config.router.autoscaling),
         ray_actor_options=_actor_options(config.router.num_cpus),
         **_spread(config.router.max_replicas_per_node),

@@ -121,6 +121,10 @@ class RouterConfig(_Strict):
         "whole stream, so aim target_ongoing_requests high, e.g. 128).",
     )
     max_ongoing_requests: int = Field(1024, ge=1, description="Requests per router replica.")
+    max_queued_requests: int = Field(
+        256, ge=1, description="Requests Serve's proxy may queue for the routers when every "
+        "router replica is at max_ongoing_requests; past it a fast 503 (Serve: unbounded).",
+    )
     num_cpus: float = Field(0.0, ge=0, description="CPUs reserved per router replica.")
     max_replicas_per_node: int | None = Field(
         None, ge=1, description="Spread router replicas: at most this many on one node."
@@ -168,6 +172,14 @@ class ServerConfig(_Strict):
     body_bytes_per_token: int = Field(
         32, ge=1, description="Cheap bound against the context window: a body over the "
         "largest window x this (+1 MiB) is a 413 before parsing or tokenizing.",
+    )
+    body_read_timeout_s: float = Field(
+        60.0, gt=0, description="A request body must arrive within this; a slower one is a "
+        "408 (slowloris; 8 MiB at 1 Mbit/s takes 67 s, LAN clients take milliseconds).",
+    )
+    request_timeout_s: float | None = Field(
+        3600.0, gt=0, description="Serve's end-to-end HTTP timeout (http_options), streams "
+        "included: above the longest generation you serve; None = no limit.",
     )
 
 

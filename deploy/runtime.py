@@ -35,14 +35,18 @@ def init_ray(host: str = "127.0.0.1", num_cpus: int | None = None) -> None:
 
 def deploy(config: KvrouteConfig) -> str:
     """Deploy the app on the running Ray; returns the base URL."""
-    serve.start(
-        http_options={"host": config.server.host, "port": config.server.port},
-        proxy_location=config.server.proxy_location,
-    )
+    serve.start(http_options=http_options(config), proxy_location=config.server.proxy_location)
     serve.run(build_app(config), name=APP_NAME, route_prefix="/", blocking=False)
     host = config.server.host
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     return f"http://{shown}:{config.server.port}"
+
+
+def http_options(config: KvrouteConfig) -> dict[str, object]:
+    """Serve's proxy options: bind address and the end-to-end request timeout."""
+    server = config.server
+    return {"host": server.host, "port": server.port,
+            "request_timeout_s": server.request_timeout_s}
 
 
 def wait_healthy(url: str, timeout_s: float = 600.0) -> float:

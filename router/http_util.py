@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ class BodyLimits:
 
     max_bytes: int = MAX_BODY_BYTES
     window_bytes: int | None = None
+    read_timeout_s: float | None = None  # the whole body must arrive within it (slow clients)
 
     @property
     def limit(self) -> int:
@@ -53,7 +55,8 @@ def body_limits(core: RouterCore) -> BodyLimits:
     server = core.config.server
     window = max(m.context_window for m in core.models.values())
     return BodyLimits(server.max_body_bytes,
-                      window * server.body_bytes_per_token + WINDOW_SLACK_BYTES)
+                      window * server.body_bytes_per_token + WINDOW_SLACK_BYTES,
+                      server.body_read_timeout_s)
 
 
 async def admit_caller(core: RouterCore, request: Request) -> ApiKeyConfig | None:
@@ -81,11 +84,16 @@ async def read_body(request: Request, limits: BodyLimits | None = None) -> bytes
     if declared.isdigit() and int(declared) > limit:
         raise limits.refusal(int(declared))
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise limits.refusal(size)
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(limits.read_timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise limits.refusal(size)
+                chunks.append(chunk)
+    except TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {limits.read_timeout_s} s",
+                       "body_timeout") from None
     return b"".join(chunks)
 
 

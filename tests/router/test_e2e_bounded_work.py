@@ -9,12 +9,14 @@ body is read, so bodies that fail to parse still count, and count_tokens is rate
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from deploy.config import ServerConfig
 from router.auth import ApiKeyConfig, AuthConfig, hash_key
 from router.request_limits import MAX_MESSAGES, MAX_TOOLS
 from tests.router.hostile import hostile_tools_body
@@ -32,7 +34,9 @@ def stack(ray_local: None, tiny_model_dir: Path, serve_port: int) -> Iterator[st
         ApiKeyConfig(name="limited", key_sha256=hash_key(LIMITED), requests_per_min=2),
     ])
     model = sim_model(MODEL, tiny_model_dir, tpot_s=0.01)  # context window 32768
-    with deployed(stack_config(serve_port, model, auth=auth)) as url:
+    server = ServerConfig(host="127.0.0.1", port=serve_port, body_read_timeout_s=2.0)
+    with deployed(stack_config(serve_port, model, auth=auth).model_copy(
+            update={"server": server})) as url:
         yield url
 
 
@@ -82,3 +86,16 @@ def test_requests_are_charged_before_the_body_is_parsed(stack: str) -> None:
         r = _post(stack, path, body, key=LIMITED)
         assert r.status_code == 429, r.text
         assert int(r.headers["retry-after"]) >= 1
+
+
+def test_a_body_that_stops_arriving_is_a_408(stack: str) -> None:
+    """Issue 14 item 9: a client that announces 1000 bytes and sends 10 holds no router
+    coroutine past ``server.body_read_timeout_s`` (before: it waited for ever)."""
+    url = httpx.URL(stack)
+    with socket.create_connection((url.host, url.port), timeout=60) as sock:
+        sock.sendall(f"POST /v1/messages HTTP/1.1\r\nhost: {url.host}\r\nx-api-key: {FREE}"
+                     "\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n"
+                     '{"model": '.encode())
+        head = sock.recv(65536)  # socket.timeout (60 s) before the fix
+    assert head.startswith(b"HTTP/1.1 408"), head[:300]
+    assert b"request_timeout" not in head and b"invalid_request_error" in head, head
