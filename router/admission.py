@@ -45,24 +45,16 @@ from typing import Generic, TypeVar
 from deploy.routing import AdmissionParams
 from router.context import Candidate, RequestContext
 from router.errors import ApiError
-from router.plugins.queued_prefill_scorer import queued_now
+from router.estimates import lifetime_rate, queued_now
 
 T = TypeVar("T")
-
-
-def rate(c: Candidate) -> float:
-    """The replica's prefill rate: its lifetime average if it reports counters, else the
-    configured prior."""
-    if c.prefill_busy_s > 0 and c.prefill_tokens_total > 0:
-        return c.prefill_tokens_total / c.prefill_busy_s
-    return max(c.prefill_tok_s, 1.0)
 
 
 def backlog_s(c: Candidate) -> float:
     """Seconds of prefill queued on ``c`` now (0 unless the replica reports it exactly)."""
     if not c.exact_backlog:
         return 0.0
-    r = rate(c)
+    r = lifetime_rate(c)
     return queued_now(c, r) / r
 
 
@@ -73,7 +65,7 @@ def backed_up(cands: Sequence[Candidate], params: AdmissionParams) -> bool:
 
 def own_prefill_s(ctx: RequestContext) -> float:
     """The request's own prefill time at its cheapest candidate."""
-    return min((ctx.uncached(c) / rate(c) for c in ctx.candidates), default=0.0)
+    return min((ctx.uncached(c) / lifetime_rate(c) for c in ctx.candidates), default=0.0)
 
 
 @dataclass(order=True, slots=True)

@@ -41,14 +41,11 @@ Score = best cost / this cost, in (0, 1].
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from pydantic import BaseModel, ConfigDict, Field
 
 from router.context import Candidate, RequestContext
+from router.estimates import FLOOR_S, PrefillRates, queued_now, ttft_s
 from router.plugins.base import register
-
-_FLOOR_S = 0.005  # decode/dispatch cost even with nothing to prefill
 
 
 class QueuedPrefillParams(BaseModel):
@@ -58,54 +55,6 @@ class QueuedPrefillParams(BaseModel):
     arrival_alpha: float = Field(0.05, gt=0.0, le=1.0, description="EWMA weight, arrival gaps.")
     rate_alpha: float = Field(0.2, gt=0.0, le=1.0, description="EWMA weight, rate samples.")
     min_sample_s: float = Field(0.5, ge=0.0, description="Prefill seconds per rate sample.")
-
-
-@dataclass(slots=True)
-class _RateState:
-    tokens: int = 0  # counters at the last sample
-    busy_s: float = 0.0
-    rate: float | None = None
-
-
-class PrefillRates:
-    """Per-replica prefill rate learned from worker-reported cumulative counters.
-
-    A replica not measured yet (new, or never prefilled) gets the mean learned rate of
-    its model's other replicas, and the configured prior only when none is measured:
-    with the prior alone, a fleet faster than the prior would make every fresh replica
-    look slow, so it would never get the traffic it needs to be measured."""
-
-    def __init__(self, alpha: float, min_sample_s: float) -> None:
-        self.alpha, self.min_sample_s = alpha, min_sample_s
-        self._state: dict[tuple[str, str], _RateState] = {}
-        self._fleet: dict[str, dict[str, float]] = {}  # model -> replica -> learned rate
-
-    def observe(self, c: Candidate) -> None:
-        st = self._state.get((c.model, c.replica))
-        if st is None or c.prefill_tokens_total < st.tokens or c.prefill_busy_s < st.busy_s:
-            st = self._state[(c.model, c.replica)] = _RateState()  # new, or restarted
-            self._fleet.get(c.model, {}).pop(c.replica, None)
-        d_busy = c.prefill_busy_s - st.busy_s
-        if d_busy > 0 and d_busy >= self.min_sample_s:
-            sample = (c.prefill_tokens_total - st.tokens) / d_busy
-            st.rate = sample if st.rate is None else st.rate + self.alpha * (sample - st.rate)
-            st.tokens, st.busy_s = c.prefill_tokens_total, c.prefill_busy_s
-            self._fleet.setdefault(c.model, {})[c.replica] = st.rate
-
-    def rate(self, c: Candidate) -> float:
-        st = self._state.get((c.model, c.replica))
-        if st is not None and st.rate:
-            return max(st.rate, 1.0)
-        fleet = self._fleet.get(c.model)
-        return max(sum(fleet.values()) / len(fleet) if fleet else c.prefill_tok_s, 1.0)
-
-
-def queued_now(c: Candidate, rate: float) -> float:
-    """Prefill tokens queued on ``c`` now: the replica has worked through its reported
-    backlog at ``rate`` since the report (FIFO and never idle while it has work), and
-    this router's newer requests wait behind that backlog."""
-    drained = min(c.reported_prefill_tokens, rate * c.report_age_s)
-    return max(0.0, c.queued_prefill_tokens - drained)
 
 
 class ArrivalRate:
@@ -144,13 +93,13 @@ class QueuedPrefillScorer:
         for c in ctx.candidates:
             rate = self.rates.rate(c)
             x = ctx.uncached(c) / rate
-            own = _FLOOR_S + queued_now(c, rate) / rate + x
+            own = ttft_s(queued_now(c, rate), ctx.uncached(c), rate)
             out.append(own * (1.0 + lam * x))
         return out
 
     def score(self, ctx: RequestContext) -> list[float]:
         cost = self.costs(ctx)
-        best = min(cost, default=_FLOOR_S)
+        best = min(cost, default=FLOOR_S)
         return [best / e for e in cost]
 
     def on_routed(self, ctx: RequestContext, chosen: Candidate) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from router.context import Candidate, RequestContext
+from router.estimates import ttft_s
 from router.plugins.base import register
 
 
@@ -26,7 +27,7 @@ class SessionAffinityParams(BaseModel):
 
 
 def _est_ttft(ctx: RequestContext, c: Candidate) -> float:
-    return 0.005 + (c.queued_prefill_tokens + ctx.uncached(c)) / max(c.prefill_tok_s, 1.0)
+    return ttft_s(c.queued_prefill_tokens, ctx.uncached(c), c.prefill_tok_s)
 
 
 @register("session-affinity-scorer", "scorer")

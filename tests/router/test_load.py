@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from router.context import ADMIT_SLACK_S, Candidate, build_candidate
+from router.estimates import queued_now
 from router.load import LoadTracker, ReplicaLoad
-from router.plugins.queued_prefill_scorer import queued_now
 from workers.protocol import LoadStats
 
 
