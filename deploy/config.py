@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -102,7 +103,13 @@ class ModelGroup(_Strict):
 
 class IndexConfig(_Strict):
     redis_url: str | None = Field(
-        None, description="Redis URL for the shared index; None = embedded memory index."
+        None, description="Redis URL for the shared index; None = embedded memory index. "
+        "It sits in the Serve config: no password here, use redis_url_env.",
+    )
+    redis_url_env: str | None = Field(
+        None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Name of an environment "
+        "variable holding the Redis URL (with its password), read by each router and worker "
+        "process from its own environment, so the secret never enters Serve's config.",
     )
     block_size: int = Field(DEFAULT_BLOCK_SIZE, ge=1, le=4096, description="Tokens per block.")
     namespace: str = Field("kvroute", description="Redis key namespace (hash tag).")
@@ -112,6 +119,24 @@ class IndexConfig(_Strict):
     session_ttl_s: float = Field(3600.0, gt=0, description="How long a session's last "
                                  "(model, replica) is remembered, shared by all routers.")
     timeout_s: float = Field(0.05, gt=0, description="Per-call Redis timeout.")
+
+    @model_validator(mode="after")
+    def _one_url(self) -> IndexConfig:
+        if self.redis_url and self.redis_url_env:
+            raise ValueError("set index.redis_url or index.redis_url_env, not both")
+        return self
+
+    def resolved(self, environ: Mapping[str, str] | None = None) -> IndexConfig:
+        """The config with ``redis_url`` read from ``redis_url_env`` in this process's
+        environment; a missing variable fails the replica's start (never a silent memory
+        index next to replicas sharing Redis)."""
+        if not self.redis_url_env:
+            return self
+        url = (os.environ if environ is None else environ).get(self.redis_url_env, "")
+        if not url:
+            raise ValueError(f"index.redis_url_env: ${self.redis_url_env} is not set in this "
+                             "process's environment (set it on every node or pod)")
+        return self.model_copy(update={"redis_url": url, "redis_url_env": None})
 
 
 class RouterConfig(_Strict):

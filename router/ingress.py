@@ -87,7 +87,8 @@ class Ingress:
         metrics_hub: DeploymentHandle | None = None,
     ) -> None:
         setup_tracing("kvroute-router")
-        self._config = KvrouteConfig.model_validate(config)
+        cfg = KvrouteConfig.model_validate(config)  # the Redis URL from this process's env:
+        self._config = cfg.model_copy(update={"index": cfg.index.resolved()})
         self._hub = metrics_hub
         self._replica = serve.get_replica_context().replica_id.unique_id
         self._metrics = MetricsCache(metrics_hub, self._replica)

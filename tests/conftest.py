@@ -42,6 +42,14 @@ def ray_local() -> Iterator[None]:
     runtime.shutdown()
 
 
+# A password-protected Redis for index.redis_url_env (issue 14 item 8): its URL must be in
+# the environment before Ray starts, as it would be in every pod, since Serve replicas read
+# it from their own environment (never from Serve's config).
+SECURE_REDIS_PASSWORD = "kvroute-test-secret-7f3a"
+SECURE_REDIS_PORT = free_port()
+os.environ["KVROUTE_TEST_REDIS_URL"] = (
+    f"redis://:{SECURE_REDIS_PASSWORD}@127.0.0.1:{SECURE_REDIS_PORT}/0")
+
 from pytest_redis import factories  # noqa: E402
 
 # A real redis-server on loopback and a random port, for the end-to-end stacks.

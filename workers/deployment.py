@@ -58,7 +58,7 @@ class ModelWorker:
                        direct_http: DirectFactory | None = None) -> None:
         setup_tracing("kvroute-worker")
         self._cfg = ModelConfig.model_validate(model)
-        idx = IndexConfig.model_validate(index)
+        idx = IndexConfig.model_validate(index).resolved()  # redis_url_env: this process's env
         self._replica = serve.get_replica_context().replica_id.unique_id
         self._node = ray.get_runtime_context().get_node_id()
         self._engine = make_engine(self._cfg, self._replica, idx.block_size)
