@@ -63,7 +63,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--salt", default="", help="prefix every prompt (isolates runs' caches)")
     _load_args(p)
     p.set_defaults(func=cmd_bench)
-    modes = p.add_subparsers(dest="bench_mode", metavar="{compare,index}")
+    modes = p.add_subparsers(dest="bench_mode", metavar="{compare,router,index}")
     c = modes.add_parser(
         "compare", help="kvroute vs round-robin vs sglang-router over the same replicas",
         description=_compare_doc(), formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -82,11 +82,60 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="extra sglang-router flags for the cache_aware run (default: none)")
     _load_args(c)
     c.set_defaults(func=cmd_compare)
+    r = modes.add_parser("router", help="router CPU and added latency, prompt cache off vs on",
+                         description=_router_doc(),
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    _router_args(r)
     i = modes.add_parser("index", help="Redis prefix-index latency vs PING (ops.bench_index)")
     from ops import bench_index
 
     bench_index.add_arguments(i)
     i.set_defaults(func=bench_index.run)
+
+
+def _router_doc() -> str:
+    from ops.bench import router_bench
+
+    return router_bench.__doc__ or ""
+
+
+def _router_args(r: argparse.ArgumentParser) -> None:
+    r.add_argument("--quick", action="store_true", help="short lengths and counts (~3 min)")
+    r.add_argument("--lengths", help="comma-separated prompt lengths in tokens")
+    r.add_argument("--repeats", type=int, help="(a) requests of the same prompt per length")
+    r.add_argument("--turns", type=int, help="(b) turns of the growing session")
+    r.add_argument("--cold", type=int, help="(c) cold prompts per length")
+    r.add_argument("--modes", default="before,after", help="before (cache off), after")
+    r.add_argument("--model-path", help="model folder (default: the tiny offline model)")
+    r.add_argument("--out", type=Path, help="write the JSON here")
+    r.add_argument("--markdown", type=Path, help="also write the tables as markdown here")
+    r.add_argument("--quiet", action="store_true")
+    r.set_defaults(func=cmd_router)
+
+
+def cmd_router(args: argparse.Namespace) -> int:
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    os.environ.setdefault("RAY_SERVE_LOG_TO_STDERR", "0")
+    from ops.bench import router_bench as rb
+    from ops.tiny_model import ensure_model
+
+    spec = rb.quick(rb.RouterBenchSpec()) if args.quick else rb.RouterBenchSpec()
+    upd: dict[str, Any] = {k: getattr(args, k) for k in ("repeats", "turns", "cold")
+                           if getattr(args, k) is not None}
+    if args.lengths:
+        upd["lengths"] = tuple(int(x) for x in args.lengths.split(","))
+    upd["modes"] = tuple(m for m in args.modes.split(",") if m in rb.MODES)
+    spec = replace(spec, **upd)
+    result = rb.run(spec, args.model_path or str(ensure_model()), show=not args.quiet)
+    result["command"] = "kvroute bench " + shlex.join(sys.argv[sys.argv.index("router"):]) \
+        if "router" in sys.argv else "kvroute bench router"
+    print(rb.markdown(result))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    if args.markdown:
+        args.markdown.write_text(rb.markdown(result))
+    return 0
 
 
 def _compare_doc() -> str:
