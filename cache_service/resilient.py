@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
 from typing import TypeVar
 
+from .breaker import CircuitBreaker
 from .events import CacheEvent
 from .index import IndexStats, MatchInfo, PrefixIndex
 from .memory_index import MemoryPrefixIndex
@@ -54,12 +54,9 @@ class ResilientIndex:
     ) -> None:
         self.primary = primary
         self.fallback = fallback
-        self._on_error = on_error
-        self._backoff_s = backoff_s
         self._op_timeout_s = op_timeout_s  # hard cap on hot-path calls, on top of socket timeouts
-        self._healthy = True
-        self._probing = False
-        self._down_until = 0.0
+        self.breaker = CircuitBreaker("prefix index", backoff_s, on_error,
+                                      meanwhile="using the local fallback")
         self.errors: Counter[str] = Counter()
         self._owed_removals: set[tuple[str, str]] = set()
         self._owed_events: list[CacheEvent] = []
@@ -68,31 +65,18 @@ class ResilientIndex:
     @property
     def primary_healthy(self) -> bool:
         """False while the circuit is open (answers come from the fallback)."""
-        return self._healthy
+        return self.breaker.healthy
 
     def _record_error(self, op: str, exc: BaseException) -> None:
         self.errors[op] += 1
-        if self._healthy:
-            log.warning("prefix index primary failed in %s (%r); using local fallback", op, exc)
-        else:
-            log.debug("prefix index primary still failing in %s: %r", op, exc)
-        self._healthy = False
-        self._down_until = time.monotonic() + self._backoff_s
-        if self._on_error is not None:
-            try:
-                self._on_error(op)
-            except Exception:  # a metrics callback must never break routing
-                log.exception("on_error callback failed")
+        self.breaker.failed(op, exc)
 
     async def _primary(
         self, op: str, call: Callable[[], Awaitable[T]], hot: bool = True
     ) -> tuple[bool, T | None]:
         """Run ``call`` on the primary unless the circuit is open; (ok, result)."""
-        probe = False
-        if not self._healthy:
-            if self._probing or time.monotonic() < self._down_until:
-                return False, None
-            self._probing = probe = True
+        if not self.breaker.allow():
+            return False, None
         try:
             if hot:
                 async with asyncio.timeout(self._op_timeout_s):
@@ -103,11 +87,8 @@ class ResilientIndex:
             self._record_error(op, exc)
             return False, None
         finally:
-            if probe:
-                self._probing = False
-        if not self._healthy:
-            log.info("prefix index primary is back (%s)", op)
-            self._healthy = True
+            self.breaker.release()  # a cancelled probe must not keep the circuit shut
+        self.breaker.succeeded()
         return True, result
 
     async def _local(self, op: str, call: Callable[[], Awaitable[T]], default: T) -> T:

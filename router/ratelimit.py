@@ -55,6 +55,7 @@ import redis.asyncio as aioredis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from cache_service.breaker import CircuitBreaker
 from router.auth import ApiKeyConfig
 from router.errors import ApiError
 
@@ -265,9 +266,9 @@ class RateLimiter:
         self.local = LocalGcra(period_s, clock)
         self._prefix = "{" + namespace + "-rl}:"
         self._clock = clock
-        self._backoff_s, self._op_timeout_s = backoff_s, op_timeout_s
-        self._on_error = on_error
-        self._healthy, self._probing, self._down_until = True, False, 0.0
+        self._op_timeout_s = op_timeout_s
+        self.breaker = CircuitBreaker("rate limiter", backoff_s, on_error, clock,
+                                      "limits are per router replica until it is back")
         self._script = client.register_script(BATCH_LUA) if client is not None else None
         self._batches = _Coalescer(self._run_batch) if client is not None else None
 
@@ -292,7 +293,7 @@ class RateLimiter:
     @property
     def shared(self) -> bool:
         """True while limits are enforced through Redis (across all router replicas)."""
-        return self.client is not None and self._healthy
+        return self.client is not None and self.breaker.healthy
 
     def keys(self, name: str) -> list[str]:
         """The Redis keys of one API key: its request and token TATs."""
@@ -341,17 +342,12 @@ class RateLimiter:
 
     def _use_redis(self) -> bool:
         """Closed circuit, or time for the (single) probe after ``backoff_s``."""
-        if self._healthy:
-            return True
-        if self._probing or self._clock() < self._down_until:
-            return False
-        self._probing = True
-        return True
+        return self.breaker.allow()
 
     async def _run_batch(self, entries: list[Entry]) -> list[Reply | None]:
         """One script call for the batch; all None if the circuit opened meanwhile or it fails."""
         assert self._script is not None
-        if not (self._healthy or self._probing):
+        if not (self.breaker.healthy or self.breaker.probing):
             return [None] * len(entries)
         keys = [k for _, name, *_ in entries for k in self.keys(name)]
         args: list[Any] = [self.local.period_us]
@@ -361,13 +357,11 @@ class RateLimiter:
             async with asyncio.timeout(self._op_timeout_s):
                 flat = [int(x) for x in await self._script(keys=keys, args=args)]
         except Exception as exc:
-            self._failed(exc)
+            self.breaker.failed("ratelimit", RuntimeError(_describe(exc)))
             return [None] * len(entries)
         finally:
-            self._probing = False
-        if not self._healthy:
-            log.info("rate limiter: Redis is back; limits are shared again")
-            self._healthy = True
+            self.breaker.release()  # a cancelled probe must not keep the circuit shut
+        self.breaker.succeeded()
         return [(flat[i], flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)]
 
     def _failed(self, exc: BaseException) -> None:
