@@ -139,6 +139,18 @@ class IndexConfig(_Strict):
         return self.model_copy(update={"redis_url": url, "redis_url_env": None})
 
 
+class PromptCacheConfig(_Strict):
+    """Incremental tokenization in each router replica (router.prompt_cache)."""
+
+    enabled: bool = Field(True, description="Keep token ids of rendered-text prefixes, so a "
+                          "growing conversation's turn tokenizes only its new part.")
+    max_bytes: int = Field(128 << 20, ge=0, description="The cache's bound per router replica "
+                           "(least recently used segments go first).")
+    offload: bool = Field(True, description="Render and tokenize in a thread pool, off the "
+                          "event loop, so a long cold prompt never stalls other streams.")
+    threads: int = Field(2, ge=1, le=64, description="Threads of that pool.")
+
+
 class RouterConfig(_Strict):
     replicas: int = Field(1, ge=1, description="Router ingress replicas (without autoscaling).")
     autoscaling: AutoscalingConfig | None = Field(
@@ -168,6 +180,8 @@ class RouterConfig(_Strict):
         "grpc", description="How the router streams from workers: Serve's direct gRPC data "
         "plane (about half the per-call latency) or Ray actor calls (Serve's default).",
     )
+    prompt_cache: PromptCacheConfig = Field(
+        default_factory=PromptCacheConfig, description="Incremental tokenization.")
     policy: str = Field("kvroute", description="A named routing profile (deploy.routing).")
     pipeline: PipelineConfig | None = Field(
         None, description="An explicit pipeline (filters, weighted scorers, picker); "

@@ -31,6 +31,7 @@ from router.dispatch import Dispatcher, Started
 from router.errors import ApiError
 from router.generation import Generation
 from router.load import LoadTracker
+from router.prompt_cache import with_env
 from router.ratelimit import RateLimiter
 from router.selection import (
     RouteRequest,
@@ -50,7 +51,8 @@ class RouterCore:
     def __init__(self, config: KvrouteConfig, handles: Mapping[str, DeploymentHandle]) -> None:
         self.config = config
         self.models: dict[str, ModelConfig] = {m.name: m for m in config.models}
-        self.tokenizers = {m.name: ChatTokenizer(m.model_path) for m in config.models}
+        cache = with_env(config.router.prompt_cache)
+        self.tokenizers = {m.name: ChatTokenizer(m.model_path, cache) for m in config.models}
         check_shared_tokenizers(config, self.tokenizers)
         self._salts = {m.name: model_salt(m.name) for m in config.models}
         by_ref = config.router.worker_transport == "actor"  # False: Serve's gRPC data plane

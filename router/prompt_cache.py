@@ -54,10 +54,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
 from tokenizers import Tokenizer
 
-__all__ = ["IncrementalEncoder", "PromptCacheConfig", "TokenIds", "boundary_tokens", "off_loop"]
+from deploy.config import PromptCacheConfig
+
+__all__ = ["IncrementalEncoder", "PromptCacheConfig", "TokenIds", "boundary_tokens", "off_loop",
+           "with_env"]
 
 T = TypeVar("T")
 
@@ -76,26 +78,22 @@ _PROBES = ("", " a", "  x", "\n", "\n\nfoo bar", "hello", "Hello world", "123 45
 _ID_BYTES, _NODE_BYTES = 8, 400
 
 
-class PromptCacheConfig(BaseModel):
-    """Per router replica. Environment overrides until the config schema carries it:
-    ``KVROUTE_PROMPT_CACHE=0`` (cache off), ``KVROUTE_PROMPT_CACHE_MB``,
-    ``KVROUTE_TOKENIZE_OFFLOAD=0`` (tokenize on the event loop), ``KVROUTE_TOKENIZE_THREADS``."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    enabled: bool = True
-    max_bytes: int = Field(default=128 << 20, ge=0)
-    offload: bool = True
-    threads: int = Field(default=2, ge=1, le=64)
-
-    @classmethod
-    def from_env(cls) -> PromptCacheConfig:
-        env = os.environ
-        off = ("0", "false", "off", "no")
-        return cls(enabled=env.get("KVROUTE_PROMPT_CACHE", "1").lower() not in off,
-                   max_bytes=int(env.get("KVROUTE_PROMPT_CACHE_MB", "128")) << 20,
-                   offload=env.get("KVROUTE_TOKENIZE_OFFLOAD", "1").lower() not in off,
-                   threads=int(env.get("KVROUTE_TOKENIZE_THREADS", "2")))
+def with_env(config: PromptCacheConfig | None = None) -> PromptCacheConfig:
+    """``config`` (default: the schema's defaults) with the environment's overrides, which
+    benchmarks use to compare with the cache off: ``KVROUTE_PROMPT_CACHE=0``,
+    ``KVROUTE_PROMPT_CACHE_MB``, ``KVROUTE_TOKENIZE_OFFLOAD=0``, ``KVROUTE_TOKENIZE_THREADS``."""
+    config = config or PromptCacheConfig()
+    env, off = os.environ, ("0", "false", "off", "no")
+    update: dict[str, Any] = {}
+    if "KVROUTE_PROMPT_CACHE" in env:
+        update["enabled"] = env["KVROUTE_PROMPT_CACHE"].lower() not in off
+    if "KVROUTE_PROMPT_CACHE_MB" in env:
+        update["max_bytes"] = int(env["KVROUTE_PROMPT_CACHE_MB"]) << 20
+    if "KVROUTE_TOKENIZE_OFFLOAD" in env:
+        update["offload"] = env["KVROUTE_TOKENIZE_OFFLOAD"].lower() not in off
+    if "KVROUTE_TOKENIZE_THREADS" in env:
+        update["threads"] = int(env["KVROUTE_TOKENIZE_THREADS"])
+    return config.model_copy(update=update) if update else config
 
 
 class TokenIds(list[int]):

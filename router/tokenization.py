@@ -22,7 +22,13 @@ from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
-from router.prompt_cache import IncrementalEncoder, PromptCacheConfig, boundary_tokens, off_loop
+from router.prompt_cache import (
+    IncrementalEncoder,
+    PromptCacheConfig,
+    boundary_tokens,
+    off_loop,
+    with_env,
+)
 
 # Conversations rendered once at load, to see which added tokens the template emits.
 _PROBE_CHATS: tuple[list[dict[str, Any]], ...] = (
@@ -86,7 +92,7 @@ class ChatTokenizer:
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         self.vocab_fingerprint = hashlib.sha256(
             (folder / "tokenizer.json").read_bytes()).hexdigest()
-        self.cache_config = cache or PromptCacheConfig.from_env()
+        self.cache_config = cache or with_env()
         self.prompt_cache = IncrementalEncoder(
             self._tok, self._boundaries() if self.cache_config.enabled else (),
             self.cache_config.max_bytes)
