@@ -121,36 +121,36 @@ class MessageItem(_Lenient):
               | Annotated[list[Part], Field(max_length=MAX_BLOCKS)])
 
 
-class FunctionCallItem(_Lenient):
-    type: Literal["function_call"]
+class _Call(_Lenient):
     call_id: str = Field(min_length=1, max_length=256)
     name: str = Field(min_length=1, max_length=128)
     namespace: str | None = Field(None, max_length=128)
+
+
+class _Output(_Lenient):
+    call_id: str = Field(min_length=1, max_length=256)
+    output: (Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
+             | Annotated[list[Part], Field(max_length=MAX_BLOCKS)]) = ""
+
+
+class FunctionCallItem(_Call):
+    type: Literal["function_call"]
     arguments: str = Field("{}", max_length=MAX_TEXT_CHARS)
 
 
-class FunctionCallOutputItem(_Lenient):
+class FunctionCallOutputItem(_Output):
     type: Literal["function_call_output"]
-    call_id: str = Field(min_length=1, max_length=256)
-    output: (Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
-             | Annotated[list[Part], Field(max_length=MAX_BLOCKS)]) = ""
 
 
-class CustomToolCallItem(_Lenient):
+class CustomToolCallItem(_Call):
     """A call of a freeform (``custom``) tool, such as Codex's ``apply_patch``."""
 
     type: Literal["custom_tool_call"]
-    call_id: str = Field(min_length=1, max_length=256)
-    name: str = Field(min_length=1, max_length=128)
-    namespace: str | None = Field(None, max_length=128)
     input: str = Field("", max_length=MAX_TEXT_CHARS)
 
 
-class CustomToolCallOutputItem(_Lenient):
+class CustomToolCallOutputItem(_Output):
     type: Literal["custom_tool_call_output"]
-    call_id: str = Field(min_length=1, max_length=256)
-    output: (Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
-             | Annotated[list[Part], Field(max_length=MAX_BLOCKS)]) = ""
 
 
 class AdditionalToolsItem(_Lenient):
