@@ -27,7 +27,7 @@ class ApiKeyConfig(_Strict):
         description="Who the key belongs to: in logs, metrics and rate-limit keys (not secret).",
     )
     key_sha256: str = Field(
-        repr=False, description="SHA-256 hex digest of the key (`python -m router.auth`)."
+        repr=False, description="SHA-256 hex digest of the key (`kvroute keys new`)."
     )
     requests_per_min: int | None = Field(
         None, ge=1, description="Requests per minute; None = `default_requests_per_min`."

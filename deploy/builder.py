@@ -13,6 +13,7 @@ from ray import serve
 from ray.serve import Application
 from ray.serve.config import AutoscalingConfig as ServeAutoscaling
 from ray.serve.config import RequestRouterConfig
+from ray.serve.schema import LoggingConfig
 
 from deploy.config import AutoscalingConfig, IndexConfig, KvrouteConfig, ModelConfig
 from deploy.serve_env import replica_env
@@ -25,6 +26,7 @@ from router.request_router import KvRequestRouter
 from workers.deployment import ModelWorker
 
 ROUTER_DEPLOYMENT = "kvroute-router"
+METRICS_DEPLOYMENT = "kvroute-metrics"
 
 
 def _scaling(fixed: int | None, a: AutoscalingConfig | None) -> dict[str, Any]:
@@ -80,7 +82,9 @@ def build_app(config: KvrouteConfig) -> Application:
         update={"auth": resolve_for_replicas(config.auth, config.server.host)})
     workers = {m.name: build_worker(m, config.index) for m in config.models}
     hub = serve.deployment(MetricsHub).options(
-        name="kvroute-metrics", num_replicas=1, ray_actor_options={"num_cpus": 0},
+        name=METRICS_DEPLOYMENT, num_replicas=1, ray_actor_options={"num_cpus": 0},
+        # every router replica pushes once a second: no access-log line per push
+        logging_config=LoggingConfig(enable_access_log=False),
     ).bind()
     ingress = serve.deployment(Ingress).options(
         name=ROUTER_DEPLOYMENT,

@@ -8,13 +8,20 @@ import os
 import signal
 import sys
 import time
+import traceback
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from deploy.config import EngineName, IndexConfig, KvrouteConfig, ModelConfig, load_config
 from ops.bench.cli import add_parser as add_bench
+from ops.keys import add_parser as add_keys
 from ops.sim.cli import add_parser as add_sim
 from ops.soak import add_parser as add_soak
 from ops.status import add_parser as add_status
-from ops.tiny_model import ensure_model
+from ops.tiny_model import default_cache_dir, ensure_model
+
+if TYPE_CHECKING:
+    from deploy.console import UpConsole
 
 
 def _overrides(cfg: KvrouteConfig, args: argparse.Namespace) -> KvrouteConfig:
@@ -50,13 +57,15 @@ def _missing_engines(cfg: KvrouteConfig) -> list[str]:
     return out
 
 
-def _say(line: str) -> None:
-    sys.stdout.write(line + "\n")  # not print(): Ray replaces it in the driver
-    sys.stdout.flush()
-
-
 def _raise_interrupt(*_: object) -> None:
     raise KeyboardInterrupt
+
+
+def _config(args: argparse.Namespace) -> KvrouteConfig:
+    if args.config:
+        return _overrides(load_config(args.config), args)
+    backend: EngineName = args.backend or "mlx"
+    return _overrides(demo_config(backend, args.replicas or 2, args.redis_url), args)
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -64,34 +73,58 @@ def cmd_up(args: argparse.Namespace) -> int:
     if loopback and not os.environ.get("RAY_ADDRESS"):
         # Read by Ray at import time: every Ray process then listens on 127.0.0.1.
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    from deploy import runtime
+    from deploy.console import UpConsole
 
-    if args.config:
-        cfg = _overrides(load_config(args.config), args)
-    else:
-        backend: EngineName = args.backend or "mlx"
-        cfg = _overrides(demo_config(backend, args.replicas or 2, args.redis_url), args)
+    with UpConsole().step("loading the config" if args.config else "preparing the demo model"):
+        cfg = _config(args)
     if missing := _missing_engines(cfg):
         for line in missing:
             sys.stderr.write(f"kvroute up: {line}\n")
         return 2
+    return _serve(cfg, verbose=args.verbose)
+
+
+def _serve(cfg: KvrouteConfig, verbose: bool) -> int:
+    """Start Ray, deploy, wait for the replicas, serve until Ctrl-C or SIGTERM."""
+    from deploy import runtime
+    from deploy.console import UpConsole, default_log_path, divert_output
+
+    log_path = None if verbose else default_log_path(default_cache_dir())
+    ui = UpConsole(divert_output(log_path) if log_path else None)
+    if log_path:
+        ui.say(f"Ray and Serve logs go to {log_path}")
     signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM stops like Ctrl-C
-    started = time.monotonic()
+    code = 0
     try:
-        runtime.init_ray(cfg.server.host)
-        url = runtime.deploy(cfg)
-        runtime.wait_healthy(url)
-        _say(f"kvroute is serving at {url}  (healthy after {time.monotonic() - started:.1f} s)")
-        _say(f"  try: curl {url}/v1/models   — Ctrl-C to stop")
+        _start(cfg, ui, log_path)
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
         pass
+    except Exception as e:  # shown on screen; the traceback goes to the log
+        traceback.print_exc()
+        ui.say(f"kvroute up failed: {e!r}" + (f" (details in {log_path})" if log_path else ""))
+        code = 1
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut cleanup
-        _say("shutting down...")
-        runtime.shutdown()
-    return 0
+        with ui.step("shutting down"):
+            runtime.shutdown()
+    return code
+
+
+def _start(cfg: KvrouteConfig, ui: UpConsole, log_path: Path | None) -> None:
+    from deploy import runtime
+    from deploy.console import summary_lines, wait_ready
+
+    started = time.monotonic()
+    with ui.step("starting Ray" if not os.environ.get("RAY_ADDRESS") else "joining Ray"):
+        runtime.init_ray(cfg.server.host)
+    with ui.step("deploying the router and the models"):
+        url = runtime.deploy(cfg)
+    with ui.step("starting replicas") as update:
+        states = wait_ready(url, cfg, update, runtime.APP_NAME)
+    for line in summary_lines(url, states, time.monotonic() - started, log_path):
+        ui.say(line)
 
 
 def cmd_make_model(args: argparse.Namespace) -> int:
@@ -112,6 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--backend", choices=["mlx", "vllm", "sim"])
     up.add_argument("--replicas", type=int)
     up.add_argument("--redis-url", help="shared Redis index (or KVROUTE_REDIS_URL)")
+    up.add_argument("--verbose", action="store_true",
+                    help="stream Ray and Serve logs here instead of into a log file")
     up.set_defaults(func=cmd_up)
     mm = sub.add_parser("make-model", help="write the tiny offline model")
     mm.add_argument("dir")
@@ -121,16 +156,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_sim(sub)
     add_bench(sub)
     add_soak(sub)
+    add_keys(sub)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     return int(args.func(args))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
 
 
 def demo_config(
@@ -143,3 +175,7 @@ def demo_config(
         num_replicas=replicas, num_cpus=0.5,
     )
     return KvrouteConfig(models=[model], index=IndexConfig(redis_url=url))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

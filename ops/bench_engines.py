@@ -1,6 +1,6 @@
-"""Engine benchmark: the same workload on each engine, 2 replicas behind kvroute.
+"""``kvroute bench engines``: the same workload on each engine, 2 replicas behind kvroute.
 
-    python -m ops.bench_engines --engine sim mlx [--replicas 2] [--prompt-words 600]
+    kvroute bench engines --engine sim mlx [--replicas 2] [--prompt-words 600]
 
 For each engine it deploys kvroute (local Ray on loopback, the tiny offline model,
 memory index), then measures through the router:
@@ -94,8 +94,8 @@ def _bench_engine(engine: str, args: argparse.Namespace) -> dict[str, float]:
         serve.delete(runtime.APP_NAME)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ops.bench_engines", description=__doc__)
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``kvroute bench engines`` (registered by ops/bench/cli.py)."""
     p.add_argument("--engine", nargs="+", default=["sim", "mlx"], choices=sorted(ENGINE_KWARGS))
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--prompt-words", type=int, default=600)
@@ -104,7 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--port", type=int, default=8011)
     p.add_argument("--out")
-    args = p.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Deploy each engine in turn, measure, print one table, write ``--out``."""
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     from deploy import runtime
 
@@ -113,15 +116,28 @@ def main(argv: list[str] | None = None) -> int:
         results = {e: _bench_engine(e, args) for e in args.engine}
     finally:
         runtime.shutdown()
-    print(f"{'engine':8} {'startup s':>9} {'TTFT cold s':>11} {'TTFT warm s':>11} "
-          f"{'cold/warm':>9} {'tok/s':>8}")
-    for e, r in results.items():
-        print(f"{e:8} {r['startup_s']:9.1f} {r['ttft_cold_s']:11.3f} {r['ttft_warm_s']:11.3f} "
-              f"{r['cold_over_warm']:9.1f} {r['tokens_per_s']:8.1f}")
+    print(table(results))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=2)
     return 0
+
+
+def table(results: dict[str, dict[str, float]]) -> str:
+    """The printed table: one row per engine."""
+    rows = [f"{'engine':8} {'startup s':>9} {'TTFT cold s':>11} {'TTFT warm s':>11} "
+            f"{'cold/warm':>9} {'tok/s':>8}"]
+    rows += [f"{e:8} {r['startup_s']:9.1f} {r['ttft_cold_s']:11.3f} {r['ttft_warm_s']:11.3f} "
+             f"{r['cold_over_warm']:9.1f} {r['tokens_per_s']:8.1f}" for e, r in results.items()]
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m ops.bench_engines ARGS`` = ``kvroute bench engines ARGS``."""
+    p = argparse.ArgumentParser(prog="kvroute bench engines", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    return run(p.parse_args(argv))
 
 
 if __name__ == "__main__":

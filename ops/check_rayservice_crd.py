@@ -1,9 +1,11 @@
-"""Validate deploy/kuberay/rayservice.yaml against KubeRay's RayService CRD.
+"""Developer tool, not a user command: checks deploy/kuberay/rayservice.yaml against the CRD.
+
+It validates the manifest against KubeRay's RayService CRD.
 
     python -m ops.check_rayservice_crd path/to/ray.io_rayservices.yaml
 
 The CRD ships with KubeRay (``helm-chart/kuberay-operator/crds/``), not with any
-Python package, so this is an operator's check rather than a unit test. Unknown
+Python package, so this is a maintainer's check rather than a unit test. Unknown
 fields are rejected, as ``kubectl apply --validate=strict`` does.
 """
 

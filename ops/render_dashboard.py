@@ -1,4 +1,7 @@
-"""Renders ops/grafana/kvroute-dashboard.json to a PNG from real ``/metrics`` scrapes.
+"""Developer tool, not a user command: renders ops/grafana/kvroute-dashboard.json to a PNG.
+
+It draws the PNG from real ``/metrics`` scrapes; the committed
+``ops/grafana/kvroute-dashboard.png`` (docs/observability.md) comes from it.
 
 No Grafana runs here, so this draws the dashboard's own panels at their own grid
 positions, evaluating each panel's PromQL with a small evaluator for the subset the

@@ -21,20 +21,18 @@ every configured digest by ``hmac.compare_digest`` (no early exit), so timing re
 about which digest (if any) matched. Keys, digests and plain parts of the variable never go
 into logs, error messages or reprs (``hide_input_in_errors``, ``repr=False``).
 
-``python -m router.auth [NAME] [--rpm N] [--tpm N]`` prints a new key, its digest and the
-config/env lines to use.
+``kvroute keys new [NAME] [--rpm N] [--tpm N]`` (ops/keys.py; ``python -m router.auth`` is an
+alias) prints a new key, its digest and the config/env lines to use.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import hmac
 import ipaddress
 import os
 import re
 import secrets
-import sys
 from collections.abc import Mapping, Sequence
 
 from pydantic import (
@@ -236,25 +234,10 @@ def resolve_for_replicas(cfg: AuthConfig, host: str,
     return resolved
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Print a new key, its digest, and the YAML / env lines that configure it."""
-    ap = argparse.ArgumentParser(prog="python -m router.auth", description=main.__doc__)
-    ap.add_argument("name", nargs="?", default="default", help="key name (not secret)")
-    ap.add_argument("--rpm", type=int, default=None, help="requests per minute")
-    ap.add_argument("--tpm", type=int, default=None, help="tokens per minute")
-    args = ap.parse_args(argv)
-    if not re.match(NAME_PATTERN, args.name):
-        ap.error(f"name must match {NAME_PATTERN}")
-    key, digest = generate_key()
-    limits = "".join(f"\n    {f}: {v}" for f, v in
-                     (("requests_per_min", args.rpm), ("tokens_per_min", args.tpm)) if v)
-    env = ":".join([args.name, digest, str(args.rpm or ""), str(args.tpm or "")]).rstrip(":")
-    print(f"key (give it to the client; it is not stored anywhere):\n  {key}\n")
-    print(f"config (YAML):\nauth:\n  api_keys:\n  - name: {args.name}\n"
-          f"    key_sha256: {digest}{limits}\n")
-    print(f"or env:\n  KVROUTE_API_KEYS={env}")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    # ``python -m router.auth`` is an alias of ``kvroute keys new`` (ops/keys.py) kept for
+    # existing scripts. The command code lives in ops/; the runtime never imports ops/
+    # (pyproject's import-linter contracts), so the alias loads it by name, only when run.
+    import runpy
+
+    runpy.run_module("ops.keys", run_name="__main__", alter_sys=True)

@@ -1,4 +1,5 @@
-"""``kvroute bench``: load against a URL, ``bench compare`` of routers, ``bench index``.
+"""``kvroute bench``: load against a URL, ``bench compare`` of routers, ``bench index``,
+``bench engines``.
 
     kvroute bench --url http://127.0.0.1:8000 --workload agent --concurrency 16 \\
         --duration 120 --out agent.json --plot plots/
@@ -7,6 +8,7 @@
     kvroute bench compare --engine sim --replicas 4 --workload agent --duration 180 \\
         --out compare.json --plot plots/
     kvroute bench index --redis-url redis://127.0.0.1:6379/0     (see ops.bench_index)
+    kvroute bench engines --engine sim mlx                       (see ops.bench_engines)
 
 Options of a mode go after its name (``kvroute bench compare --duration 10``).
 """
@@ -63,7 +65,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--salt", default="", help="prefix every prompt (isolates runs' caches)")
     _load_args(p)
     p.set_defaults(func=cmd_bench)
-    modes = p.add_subparsers(dest="bench_mode", metavar="{compare,router,index}")
+    modes = p.add_subparsers(dest="bench_mode", metavar="{compare,router,index,engines}")
     c = modes.add_parser(
         "compare", help="kvroute vs round-robin vs sglang-router over the same replicas",
         description=_compare_doc(), formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -91,6 +93,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
     bench_index.add_arguments(i)
     i.set_defaults(func=bench_index.run)
+    from ops import bench_engines
+
+    e = modes.add_parser("engines", help="cold/warm TTFT and tok/s per engine (ops.bench_engines)",
+                         description=bench_engines.__doc__,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench_engines.add_arguments(e)
+    e.set_defaults(func=bench_engines.run)
 
 
 def _router_doc() -> str:

@@ -40,6 +40,16 @@ def _wait_for_line(lines: queue.Queue[str], needle: str, timeout_s: float) -> li
     raise TimeoutError(f"{needle!r} never printed; last lines: {seen[-20:]}")
 
 
+def _check_log(log: Path, screen: list[str]) -> None:
+    """Serve's access lines reach the log file, not the screen; none is a metrics push."""
+    deadline = time.monotonic() + 60
+    while "POST /v1/chat/completions 200" not in log.read_text():
+        assert time.monotonic() < deadline, log.read_text()[-2000:]
+        time.sleep(0.5)
+    assert "CALL push" not in log.read_text()
+    assert not any("ServeReplica" in s or "CALL " in s for s in screen), screen
+
+
 def test_make_model_cli(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "deploy.cli", "make-model", str(tmp_path / "m")],
                          capture_output=True, text=True, timeout=120, check=True)
@@ -60,11 +70,15 @@ def test_up_serves_demo_and_ctrl_c_cleans_up(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{port}"
     tree: list[psutil.Process] = []
     try:
-        _wait_for_line(lines, f"kvroute is serving at {url}", timeout_s=240)
+        seen = _wait_for_line(lines, f"kvroute is serving at {url}", timeout_s=240)
+        seen += _wait_for_line(lines, "Ctrl-C to stop", timeout_s=30)
+        assert any("tiny-llama" in s and "2/2 replicas ready" in s for s in seen), seen
+        log = Path(next(s for s in seen if "logs go to" in s).split("logs go to ")[1].strip())
         r = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
             "model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}],
             "max_tokens": 4})
         assert r.status_code == 200 and r.headers["x-kvroute-replica"]
+        _check_log(log, seen)
         tree = psutil.Process(proc.pid).children(recursive=True)
         assert any("raylet" in " ".join(p.cmdline()) for p in tree)
     finally:

@@ -17,7 +17,6 @@ from router.auth import (
     generate_key,
     hash_key,
     load_keys,
-    main,
     parse_env_keys,
     presented_keys,
     resolve_env,
@@ -203,14 +202,3 @@ def test_nothing_secret_is_logged(caplog: pytest.LogCaptureFixture) -> None:
             pass
     for secret in (ALICE_KEY, BOB_KEY, hash_key(ALICE_KEY)):
         assert secret not in caplog.text
-
-
-def test_cli_prints_a_working_key(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["ci", "--rpm", "60", "--tpm", "5000"]) == 0
-    out = capsys.readouterr().out
-    key = out.split("\n")[1].strip()
-    env = out.rsplit("KVROUTE_API_KEYS=", 1)[1].strip()
-    (parsed,) = parse_env_keys(env)
-    assert (parsed.name, parsed.requests_per_min, parsed.tokens_per_min) == ("ci", 60, 5000)
-    assert Authenticator([parsed]).authenticate({"x-api-key": key}) == parsed
-    assert f"key_sha256: {hash_key(key)}" in out

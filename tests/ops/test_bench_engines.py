@@ -1,0 +1,29 @@
+"""``kvroute bench engines`` is a bench subcommand (was ``python -m ops.bench_engines``):
+its options parse through the kvroute CLI and its table has one row per engine. The
+benchmark itself deploys engines on Ray; it is run by hand (docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+from deploy.cli import build_parser
+from ops import bench_engines
+
+
+def test_bench_engines_is_a_kvroute_subcommand() -> None:
+    args = build_parser().parse_args(
+        ["bench", "engines", "--engine", "sim", "--replicas", "3", "--out", "e.json"])
+    assert args.func is bench_engines.run
+    assert (args.engine, args.replicas, args.out, args.prompt_words) == (["sim"], 3, "e.json", 600)
+
+
+def test_other_bench_modes_still_parse() -> None:
+    args = build_parser().parse_args(["bench", "compare", "--replicas", "2"])
+    assert args.func.__name__ == "cmd_compare" and args.replicas == 2
+
+
+def test_table_has_one_row_per_engine() -> None:
+    row = {"startup_s": 9.0, "ttft_cold_s": 0.5, "ttft_warm_s": 0.05, "cold_over_warm": 10.0,
+           "tokens_per_s": 123.4}
+    lines = bench_engines.table({"sim": row, "mlx": row}).splitlines()
+    assert lines[0].split()[:2] == ["engine", "startup"]
+    assert [line.split()[0] for line in lines[1:]] == ["sim", "mlx"]
+    assert lines[1].split()[-2:] == ["10.0", "123.4"]
