@@ -1,4 +1,4 @@
-"""The router's Prometheus metrics (names fixed by ARCHITECTURE.md).
+"""The router's Prometheus metrics (names fixed by docs/architecture.md#contracts).
 
 Each router replica records into its own registry; ``router.metrics_hub``
 merges every replica's samples so ``GET /metrics`` on any replica covers all.

@@ -1,4 +1,4 @@
-"""Bench JSON (ARCHITECTURE.md's schema, as ``kvroute sim`` writes it), tables and plots.
+"""Bench JSON (docs/architecture.md's schema, as ``kvroute sim`` writes it), tables, plots.
 
 Definitions, on the client's clock:
 

@@ -1,4 +1,4 @@
-"""Bench JSON (the schema of ARCHITECTURE.md, shared with ``kvroute bench``) and tables.
+"""Bench JSON (the schema in docs/architecture.md, shared with ``kvroute bench``) and tables.
 
 Definitions, all in virtual seconds:
 
