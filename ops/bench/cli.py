@@ -93,6 +93,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
     bench_index.add_arguments(i)
     i.set_defaults(func=bench_index.run)
+    _engines_parser(modes)
+
+
+def _engines_parser(modes: argparse._SubParsersAction) -> None:
     from ops import bench_engines
 
     e = modes.add_parser("engines", help="cold/warm TTFT and tok/s per engine (ops.bench_engines)",
