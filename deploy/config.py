@@ -44,6 +44,33 @@ class AutoscalingConfig(_Strict):
         return self
 
 
+class MlxKwargs(_Strict):
+    """``engine_kwargs`` of the mlx engine (None: the engine's own default)."""
+
+    cache_bytes: int | None = Field(None, ge=1 << 20, description="Prefix KV store budget.")
+    max_cache_entries: int | None = Field(None, ge=1, description="Prefix KV store entries.")
+    prefill_step_size: int | None = Field(None, ge=1, description="Tokens per prefill step.")
+    max_batch: int | None = Field(None, ge=1, description="Sequences decoding together.")
+    prefill_batch_size: int | None = Field(None, ge=1, description="Prompts prefilled together.")
+
+
+class SimKwargs(_Strict):
+    """``engine_kwargs`` of the sim engine emulator (None: the emulator's own default)."""
+
+    kv_blocks: int | None = Field(None, ge=1, description="KV capacity in blocks.")
+    block_size: int | None = Field(None, ge=1, description="Must equal index.block_size.")
+    prefill_tok_s: float | None = Field(None, gt=0, description="Prefill rate (tokens/s).")
+    tpot_s: float | None = Field(None, ge=0, description="Decode step at batch 1 (s).")
+    tpot_per_batch_s: float | None = Field(None, ge=0, description="Added per extra sequence.")
+    vocab_size: int | None = Field(None, ge=1, description="Token ids emitted are below it.")
+    eos_every: int | None = Field(None, ge=0, description="An EOS every N tokens; 0: never.")
+    script_path: str | None = Field(None, description="Scripted replies (workers/sim_script.py).")
+
+
+# vLLM takes its own engine arguments (passed through); kvroute sets these itself.
+VLLM_FORCED_ARGS = ("model", "enable_prefix_caching", "kv_events_config")
+
+
 class ModelConfig(_Strict):
     name: str = Field(description="Name clients send as `model`; also the deployment name.")
     engine: EngineName = Field("mlx", description="Which engine adapter hosts the model.")
@@ -77,6 +104,22 @@ class ModelConfig(_Strict):
     default_max_tokens: int = Field(
         1024, ge=1, description="Output limit when a request sets none (capped by context)."
     )
+
+    @model_validator(mode="after")
+    def _engine_kwargs(self) -> ModelConfig:
+        """Each engine's kwargs checked at load, before anything deploys (a typo such as
+        ``cache_byte`` would otherwise keep the default silently)."""
+        kw = self.engine_kwargs
+        if self.engine == "mlx":
+            MlxKwargs.model_validate(kw)
+        elif self.engine == "sim":
+            SimKwargs.model_validate(kw)
+        elif bad := sorted(set(kw) & set(VLLM_FORCED_ARGS)):
+            raise ValueError(f"engine_kwargs may not set {bad}: the vllm engine sets them")
+        return self
+
+    def mlx_kwargs(self) -> MlxKwargs:
+        return MlxKwargs.model_validate(self.engine_kwargs)
 
     @field_validator("model_path")
     @classmethod
@@ -119,6 +162,16 @@ class IndexConfig(_Strict):
     session_ttl_s: float = Field(3600.0, gt=0, description="How long a session's last "
                                  "(model, replica) is remembered, shared by all routers.")
     timeout_s: float = Field(0.05, gt=0, description="Per-call Redis timeout.")
+    tenant_isolation: bool = Field(
+        False, description="Salt block hashes and engine KV per tenant (the API key's name): "
+        "tenants never share cached prefixes nor learn of each other's (a system prompt "
+        "common to several tenants is then prefilled once per tenant; docs/auth.md).",
+    )
+    predicted_cached_header: bool | None = Field(
+        None, description="Send x-kvroute-predicted-cached-tokens. None: unless API keys are "
+        "configured and tenant_isolation is off (it would tell one tenant whether another's "
+        "prompt is cached).",
+    )
 
     @model_validator(mode="after")
     def _one_url(self) -> IndexConfig:

@@ -17,13 +17,11 @@ EngineFactory = Callable[[ModelConfig, str, int], Engine]
 def _mlx(cfg: ModelConfig, replica: str, block_size: int) -> Engine:
     from workers.mlx_engine import MlxEngine
 
-    kw = cfg.engine_kwargs
-    optional = {k: int(kw[k]) for k in ("prefill_step_size", "max_batch", "prefill_batch_size")
-                if k in kw}
+    kw = cfg.mlx_kwargs().model_dump(exclude_none=True)  # validated at config load
     return MlxEngine(
         cfg.model_path, cfg.name, replica, block_size,
-        cache_bytes=int(kw.get("cache_bytes", 1 << 30)),
-        max_cache_entries=int(kw.get("max_cache_entries", 64)), **optional,
+        cache_bytes=kw.pop("cache_bytes", 1 << 30),
+        max_cache_entries=kw.pop("max_cache_entries", 64), **kw,
     )
 
 

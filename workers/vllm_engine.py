@@ -15,6 +15,11 @@ default) never leave this module:
   canonical block and the ``< C`` tokens since. A stored block extends its parent's state;
   each completed group of ``C`` tokens yields one canonical hash, emitted as ``BlockStored``.
   Partial canonical blocks are never emitted, for any ``B`` and ``C`` (dividing or not).
+* Cache salt (``index.tenant_isolation``): a request's ``cache_salt`` goes to vLLM as its own
+  prompt field (vLLM folds it into the first block's hash, so tenants never share KV); a root
+  block's ``extra_keys`` carry it back, and its chain is hashed with ``tenant_salt`` like the
+  router's. A vLLM without ``extra_keys`` maps every chain unsalted: lookups of isolated
+  tenants then never match (no cache-aware routing, and still no sharing).
 * ``BlockRemoved``: a canonical block is linked to every vLLM block holding some of its tokens;
   when one of those goes (refcounted: vLLM may hold a hash in several physical blocks), the
   canonical blocks it was part of are emitted as ``BlockRemoved``, since vLLM cannot serve a
@@ -46,7 +51,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cache_service.events import AllBlocksCleared, BlockRemoved, BlockStored, CacheEvent
-from cache_service.hashing import block_hashes, model_salt
+from cache_service.hashing import block_hashes, model_salt, tenant_salt
+from deploy.config import VLLM_FORCED_ARGS
 from workers.protocol import (
     EngineError,
     Finished,
@@ -64,7 +70,7 @@ VllmHash = int | bytes
 CPU_KV_CACHE_BYTES = 512 << 20  # CPU default KV budget unless VLLM_CPU_KVCACHE_SPACE is set
 _MAX_LINKS = 64
 _MAX_PENDING_EVENTS = 1 << 16
-_FORCED_ARGS = ("model", "enable_prefix_caching", "kv_events_config")
+_FORCED_ARGS = VLLM_FORCED_ARGS
 
 
 @dataclass(slots=True)
@@ -74,8 +80,16 @@ class _Node:
     canon_parent: int | None  # canonical hash of the last full canonical block, None at start
     pending: array.array[int]  # tokens after that canonical boundary (< canonical block size)
     holders: tuple[VllmHash, ...]  # vLLM blocks holding ``pending``
+    salt: int = 0  # the chain's root salt (the model's, narrowed to a tenant)
     links: list[int] = field(default_factory=list)  # canonical blocks this block is part of
     refs: int = 1
+
+
+def _cache_salt(extra_keys: Sequence[Any] | None) -> str | None:
+    """The ``cache_salt`` vLLM folded into a root block (the str among its extra keys:
+    kvroute sends no LoRA and no multimodal input, whose keys would sit there too)."""
+    keys = extra_keys[0] if extra_keys else None
+    return next((k for k in keys or () if isinstance(k, str)), None)
 
 
 class BlockMapper:
@@ -92,10 +106,11 @@ class BlockMapper:
 
     def stored(
         self, hashes: Sequence[VllmHash], parent: VllmHash | None,
-        token_ids: Sequence[int], block_size: int,
+        token_ids: Sequence[int], block_size: int, extra_keys: Sequence[Any] | None = None,
     ) -> None:
         if parent is None:
-            state = _Node(None, array.array("I"), ())
+            state = _Node(None, array.array("I"), (), tenant_salt(self._salt,
+                                                                  _cache_salt(extra_keys)))
         elif (found := self._nodes.get(parent)) is not None:
             self._nodes.move_to_end(parent)
             state = found
@@ -120,7 +135,7 @@ class BlockMapper:
     ) -> _Node:
         pending = prev.pending + array.array("I", tokens)
         full = len(pending) // self._size
-        canon = block_hashes(pending, self._size, self._salt, prev.canon_parent) if full else []
+        canon = block_hashes(pending, self._size, prev.salt, prev.canon_parent) if full else []
         if canon:
             parent, pending = canon[-1], pending[full * self._size :]
             holders: tuple[VllmHash, ...] = (h,) if pending else ()
@@ -128,7 +143,7 @@ class BlockMapper:
             parent, holders = prev.canon_parent, (*prev.holders, h)
         node = self._nodes.get(h)
         if node is None:
-            node = self._nodes[h] = _Node(parent, pending, holders)
+            node = self._nodes[h] = _Node(parent, pending, holders, prev.salt)
         else:
             node.refs += 1
             self._nodes.move_to_end(h)
@@ -320,7 +335,8 @@ class VllmEngine:
             self.mapper.removed(event.block_hashes)
         elif kind == "BlockStored" and event.lora_id is None and event.lora_name is None:
             self.mapper.stored(
-                event.block_hashes, event.parent_block_hash, event.token_ids, event.block_size
+                event.block_hashes, event.parent_block_hash, event.token_ids, event.block_size,
+                getattr(event, "extra_keys", None),
             )
 
     def _sampling(self, request: GenerateRequest) -> Any:
@@ -336,12 +352,15 @@ class VllmEngine:
             output_kind=RequestOutputKind.DELTA,
         )
 
-    def _prompt(self, token_ids: list[int]) -> Any:
+    def _prompt(self, token_ids: list[int], cache_salt: str | None = None) -> Any:
         try:
             from vllm.inputs.engine import tokens_input
         except ImportError:  # older/newer layouts: a TokensPrompt is rendered by vLLM
-            return {"prompt_token_ids": token_ids}
-        return tokens_input(token_ids)
+            prompt: dict[str, Any] = {"prompt_token_ids": token_ids}
+            if cache_salt is not None:
+                prompt["cache_salt"] = cache_salt
+            return prompt
+        return tokens_input(token_ids, cache_salt=cache_salt)
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenChunk | Finished]:
         if self._llm is None:
@@ -351,7 +370,8 @@ class VllmEngine:
         from vllm.exceptions import VLLMClientError
 
         stream = self._llm.generate(
-            self._prompt(request.token_ids), self._sampling(request), request.request_id
+            self._prompt(request.token_ids, request.cache_salt), self._sampling(request),
+            request.request_id,
         )
         completion, cached, reason, stop_str = 0, 0, None, None
         try:

@@ -1,9 +1,11 @@
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
-from deploy.config import KvrouteConfig, load_config
+import router.pipeline  # noqa: F401  # the plugin registry checks pipelines once loaded
+from deploy.config import KvrouteConfig, ModelConfig, load_config
 
 BASE = {"models": [{"name": "m", "model_path": "/x"}]}
 
@@ -39,3 +41,18 @@ def test_invalid_configs_fail_fast(bad: dict) -> None:
 def test_local_yaml_validates() -> None:
     cfg = load_config(Path(__file__).parents[2] / "deploy" / "local.yaml")
     assert cfg.models[0].engine == "mlx"
+
+
+@pytest.mark.parametrize(("engine", "kwargs", "error"), [
+    ("mlx", {"cache_byte": 1 << 30}, "cache_byte"),  # a typo: before, silently the default
+    ("mlx", {"max_batch": 0}, "max_batch"),
+    ("sim", {"tpot": 0.01}, "tpot"),
+    ("vllm", {"enable_prefix_caching": False}, "enable_prefix_caching"),
+])
+def test_engine_kwargs_are_checked_per_engine_at_load(engine: str, kwargs: dict[str, Any],
+                                                      error: str) -> None:
+    with pytest.raises(ValidationError, match=error):
+        ModelConfig(name="m", engine=engine, model_path="/x", engine_kwargs=kwargs)
+    ok = {"mlx": {"cache_bytes": 1 << 30}, "sim": {"tpot_s": 0.01, "script_path": "/s.json"},
+          "vllm": {"gpu_memory_utilization": 0.5}}[engine]
+    ModelConfig(name="m", engine=engine, model_path="/x", engine_kwargs=ok)
