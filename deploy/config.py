@@ -20,7 +20,7 @@ from deploy.auth_config import AuthConfig
 from deploy.routing import PipelineConfig, profile
 
 EngineName = Literal["mlx", "vllm", "sim"]
-# Tokens per prefix-index block (cache_service.hashing); why 64: docs/index.md.
+# Tokens per prefix-index block (cache_service.hashing); why 64: docs/prefix-index.md.
 DEFAULT_BLOCK_SIZE = 64
 
 
