@@ -44,16 +44,18 @@ def make_index(
     settings: IndexSettings,
     on_error: Callable[[str], None] | None = None,
     timeout_s: float = 0.05,
+    **resilience: float,
 ) -> PrefixIndex:
     """``ResilientIndex(Redis, memory)`` when a URL is given, else an embedded memory index.
 
     ``on_error(op)`` is called on each primary failure (e.g. to count
-    ``kvroute_index_errors_total``); ``timeout_s`` is Redis's socket timeout.
+    ``kvroute_index_errors_total``); ``timeout_s`` is Redis's socket timeout; ``resilience``
+    (``backoff_s``, ``op_timeout_s``) goes to ``ResilientIndex``.
     """
     if not redis_url:
         return MemoryPrefixIndex(settings)
     primary = RedisPrefixIndex(redis_url, settings, timeout_s=timeout_s)
-    return ResilientIndex(primary, MemoryPrefixIndex(settings), on_error)
+    return ResilientIndex(primary, MemoryPrefixIndex(settings), on_error, **resilience)
 
 
 def settings_of(cfg: IndexConfig) -> IndexSettings:
@@ -66,4 +68,5 @@ def settings_of(cfg: IndexConfig) -> IndexSettings:
 def index_from_config(cfg: IndexConfig,
                       on_error: Callable[[str], None] | None = None) -> PrefixIndex:
     """The prefix index a router or worker process uses, from the config's ``index``."""
-    return make_index(cfg.redis_url, settings_of(cfg), on_error, timeout_s=cfg.timeout_s)
+    return make_index(cfg.redis_url, settings_of(cfg), on_error, timeout_s=cfg.timeout_s,
+                      backoff_s=cfg.backoff_s, op_timeout_s=cfg.op_timeout_s)

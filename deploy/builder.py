@@ -50,7 +50,8 @@ def build_worker(m: ModelConfig, index: IndexConfig) -> Application:
         max_queued_requests=m.max_queued_requests,
         ray_actor_options=_actor_options(m.num_cpus, m.num_gpus),
         request_router_config=RequestRouterConfig(
-            request_router_class=KvRequestRouter, request_routing_stats_period_s=1.0,
+            request_router_class=KvRequestRouter,
+            request_routing_stats_period_s=m.routing_stats_period_s,
         ),
         health_check_period_s=5.0,
         graceful_shutdown_timeout_s=30.0,

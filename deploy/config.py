@@ -95,6 +95,9 @@ class ModelConfig(_Strict):
         None, ge=1, description="Spread replicas: at most this many on one node."
     )
     context_window: int = Field(32768, ge=16, description="Max prompt + output tokens.")
+    routing_stats_period_s: float = Field(
+        1.0, gt=0, description="How often Serve collects each replica's load report for the "
+        "routers (kvroute sim's stats_period_s models it).")
     supports_tools: bool = Field(True, description="Whether the model can call tools.")
     cost_per_mtok: float = Field(0.0, ge=0.0, description="Relative cost per 1M tokens.")
     direct_http: bool = Field(
@@ -223,6 +226,8 @@ class RouterConfig(_Strict):
         4000.0, gt=0, description="Initial per-replica prefill rate before one is learned."
     )
     max_retries: int = Field(2, ge=0, description="Retries on the next replica before 1st token.")
+    maintenance_s: float = Field(1.0, gt=0, description="How often each router replica purges "
+                                 "replicas Serve dropped and pushes its metrics.")
     max_resumes: int = Field(2, ge=0, description="Times a stream cut by a failed replica "
                              "resumes on another (prompt + tokens sent); 0 = end it with an error.")
     first_token_timeout_s: float = Field(

@@ -104,7 +104,7 @@ class Ingress:
 
     async def _maintain(self) -> None:
         while True:
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(self._config.router.maintenance_s)
             try:
                 await self._core.maintain()
             except Exception:  # never let housekeeping die

@@ -67,7 +67,8 @@ class ModelWorker:
         self._publisher: IndexPublisher | None = None
         if idx.redis_url:
             index = index_from_config(idx)
-            self._publisher = IndexPublisher(self._engine, index, self._cfg.name, self._replica)
+            self._publisher = IndexPublisher(self._engine, index, self._cfg.name, self._replica,
+                                             idx.publish_flush_s, idx.heartbeat_s)
             self._publisher.start()
         self._direct: DirectEndpoint | None = None
         if direct_http is not None:
