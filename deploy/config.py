@@ -165,6 +165,14 @@ class IndexConfig(_Strict):
     session_ttl_s: float = Field(3600.0, gt=0, description="How long a session's last "
                                  "(model, replica) is remembered, shared by all routers.")
     timeout_s: float = Field(0.05, gt=0, description="Per-call Redis timeout.")
+    op_timeout_s: float = Field(0.25, gt=0, description="Hard cap on a routing-path index "
+                                "call, on top of the socket timeout.")
+    backoff_s: float = Field(1.0, gt=0, description="After a Redis failure, calls are "
+                             "answered locally this long, then one probe tries Redis again.")
+    publish_flush_s: float = Field(0.05, gt=0, description="How often a worker flushes its "
+                                   "cache events to Redis.")
+    heartbeat_s: float = Field(2.0, gt=0, description="How often a worker tells Redis it is "
+                               "alive (must stay well under liveness_ttl_s).")
     tenant_isolation: bool = Field(
         False, description="Salt block hashes and engine KV per tenant (the API key's name): "
         "tenants never share cached prefixes nor learn of each other's (a system prompt "
