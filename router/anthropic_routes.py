@@ -61,7 +61,7 @@ async def messages(core: RouterCore, request: Request) -> Response:
     req = await parse_body(request, MessagesRequest, body_limits(core))
     tok = core.tokenizer(req.model)
     ids = await encode_prompt(tok, to_chat(req, tok.system_in_place))
-    budget, bound = _budget(core, req.model, len(ids), req.max_tokens)
+    budget, bound = output_budget(core, req.model, len(ids), req.max_tokens, cut_to_fit=True)
     params = sampling(
         budget, DEFAULT_TEMPERATURE if req.temperature is None else req.temperature,
         req.top_p, tuple(req.stop_sequences or ()), None,
@@ -84,16 +84,6 @@ async def count_tokens(core: RouterCore, request: Request) -> Response:
     tok = core.tokenizer(req.model)
     ids = await encode_prompt(tok, to_chat(req, tok.system_in_place))
     return JSONResponse({"input_tokens": len(ids)})
-
-
-def _budget(core: RouterCore, model: str, prompt_len: int, max_tokens: int) -> tuple[int, bool]:
-    """(output limit, whether it was cut to fit the context); 413 if nothing fits."""
-    window = core.context_window(model)
-    room = window - prompt_len
-    if room <= 0:
-        raise ApiError(413, f"prompt is too long: {prompt_len} tokens > {window - 1} maximum",
-                       "context_length_exceeded", "messages")
-    return output_budget(core, model, prompt_len, min(max_tokens, room)), max_tokens > room
 
 
 def _parser(core: RouterCore, req: MessagesRequest) -> tc.MarkerParser | None:

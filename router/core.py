@@ -100,9 +100,6 @@ class RouterCore:
         """The model config behind a name (a group's first member)."""
         return self.models[next(iter(self.resolve(name)))]
 
-    def context_window(self, name: str) -> int:
-        return max(self.models[m].context_window for m in self.resolve(name))
-
     def tokenizer(self, name: str) -> ChatTokenizer:
         """The tokenizer of a model, or of a group (whose members share one)."""
         return self.tokenizers[next(iter(self.resolve(name)))]

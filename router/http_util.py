@@ -177,16 +177,25 @@ async def encode_prompt(tok: ChatTokenizer, prompt: ChatPrompt) -> list[int]:
         raise ApiError(400, str(e), "invalid_messages", "messages") from None
 
 
-def output_budget(core: RouterCore, model: str, prompt_len: int, limit: int | None) -> int:
-    """The max_tokens to use; 413 if the prompt plus the limit overflow the context."""
-    members = [core.models[m] for m in core.resolve(model)]  # a group: its largest model
+def output_budget(core: RouterCore, model: str, prompt_len: int, limit: int | None,
+                  cut_to_fit: bool = False) -> tuple[int, bool]:
+    """(the max_tokens to use, whether ``limit`` was cut to fit the context): the one
+    context-window check of every API. A group's largest window counts; no ``limit``: the
+    models' default, capped by the room left. Over the window: a 413, unless ``cut_to_fit``
+    (Anthropic's max_tokens is an upper bound) and the prompt alone fits."""
+    members = [core.models[m] for m in core.resolve(model)]
     window = max(m.context_window for m in members)
     room = window - prompt_len
+    if cut_to_fit and room > 0 and limit is not None:
+        return min(limit, room), limit > room
+    if cut_to_fit and room <= 0:
+        raise ApiError(413, f"prompt is too long: {prompt_len} tokens > {window - 1} maximum",
+                       "context_length_exceeded", "messages")
     if room <= 0 or (limit is not None and limit > room):
         raise ApiError(413, f"prompt ({prompt_len} tokens) plus max_tokens ({limit}) exceed "
                        f"the context window of {model} ({window})",
                        "context_length_exceeded", "messages")
-    return limit or min(min(m.default_max_tokens for m in members), room)
+    return (limit or min(min(m.default_max_tokens for m in members), room)), False
 
 
 def sampling(max_tokens: int, temperature: float | None, top_p: float | None,

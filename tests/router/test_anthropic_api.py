@@ -98,9 +98,6 @@ class FakeCore:
     def primary(self, model: str) -> ModelConfig:
         return self.models[next(iter(self.resolve(model)))]
 
-    def context_window(self, model: str) -> int:
-        return self.primary(model).context_window
-
     def tokenizer(self, model: str) -> ChatTokenizer:
         self.resolve(model)
         return self.tok
