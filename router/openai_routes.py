@@ -104,7 +104,7 @@ async def _serve(core: RouterCore, request: Request, req: SamplingFields, ids: l
     """Generate and reply; ``out`` None for /v1/completions (plain text)."""
     chat = out is not None
     rid = request_id("chatcmpl" if chat else "cmpl")
-    budget = output_budget(core, req.model, len(ids), req.output_limit())
+    budget, _ = output_budget(core, req.model, len(ids), req.output_limit())
     params = sampling(budget, req.temperature, req.top_p, req.stop_list(), req.seed)
     session = session_key(request.headers, prompt_cache_key=req.prompt_cache_key,
                           tenant=key.name if key else None)

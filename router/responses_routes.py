@@ -55,7 +55,7 @@ async def create(core: RouterCore, store: ResponseStore, request: Request) -> Re
     tok = core.tokenizer(req.model)
     prompt, conversation, catalog = to_chat(req, history, tok.system_in_place)
     ids = await encode_prompt(tok, prompt)
-    budget = output_budget(core, req.model, len(ids), req.max_output_tokens)
+    budget, _ = output_budget(core, req.model, len(ids), req.max_output_tokens)
     params = sampling(budget, req.temperature, req.top_p, (), None)
     session = session_key(request.headers, prompt_cache_key=req.prompt_cache_key,
                           tenant=key.name if key else None)
