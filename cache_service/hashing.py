@@ -47,13 +47,16 @@ import xxhash
 
 from deploy.config import DEFAULT_BLOCK_SIZE  # the config owns the default
 
-__all__ = ["DEFAULT_BLOCK_SIZE", "HASH_MASK", "HashMemo", "block_hashes", "model_salt"]
+__all__ = [
+    "DEFAULT_BLOCK_SIZE", "HASH_MASK", "HashMemo", "block_hashes", "model_salt", "tenant_salt",
+]
 
 HASH_MASK: int = (1 << 64) - 1
 
 _U64 = struct.Struct("<Q")
 _U32_MAX = (1 << 32) - 1
 _SALT_DOMAIN = b"kvroute/model-salt/v1\x00"
+_TENANT_DOMAIN = b"kvroute/tenant-salt/v1\x00"
 
 
 def model_salt(model_identity: str) -> int:
@@ -62,6 +65,16 @@ def model_salt(model_identity: str) -> int:
     Salting the chain keeps identical token ids of different tokenizers/models apart.
     """
     return xxhash.xxh3_64_intdigest(_SALT_DOMAIN + model_identity.encode("utf-8"))
+
+
+def tenant_salt(salt: int, cache_salt: str | None) -> int:
+    """``salt`` (a model's) narrowed to one tenant: ``cache_salt`` (the API key's name when
+    ``index.tenant_isolation`` is on) enters the chain's first hash, so two tenants' identical
+    prompts share no block hash, in the index or in an engine's cache. ``None``: ``salt``."""
+    if cache_salt is None:
+        return salt
+    return xxhash.xxh3_64_intdigest(
+        _TENANT_DOMAIN + _U64.pack(salt & HASH_MASK) + cache_salt.encode("utf-8"))
 
 
 class HashMemo(Protocol):
