@@ -19,7 +19,7 @@ from typing import Any
 from ray.serve.handle import DeploymentHandle
 
 from cache_service import index_from_config
-from cache_service.hashing import block_hashes, model_salt
+from cache_service.hashing import block_hashes, model_salt, tenant_salt
 from cache_service.index import PrefixIndex
 from deploy.config import KvrouteConfig, ModelConfig
 from router import metrics, telemetry
@@ -69,6 +69,9 @@ class RouterCore:
         self.gate = AdmissionGate(admission, metrics.ADMISSION_WAIT.observe) \
             if admission is not None else None
         self.auth = Authenticator.from_config(config.auth)
+        self.isolation = idx.tenant_isolation
+        self.predicted_header = idx.predicted_cached_header if \
+            idx.predicted_cached_header is not None else (self.isolation or not self.auth.enabled)
         self.limiter = RateLimiter.from_url(
             idx.redis_url if self.auth.enabled else None, idx.namespace, timeout_s=idx.timeout_s,
             on_error=lambda op: metrics.INDEX_ERRORS.labels(op).inc(),
@@ -128,8 +131,9 @@ class RouterCore:
         ``model`` may name a model, a group or 'auto': (model, replica) pairs of every
         member are scored together.
         """
+        tenant = api_key.name if self.isolation and api_key is not None else None
         req = RouteRequest(model, token_ids, sampling, request_id, headers or {}, session_id,
-                           has_tools)
+                           has_tools, tenant, self.predicted_header)
         if api_key is None:
             return await self._generate(req)
         charged = len(token_ids) + sampling.max_tokens
@@ -150,14 +154,14 @@ class RouterCore:
         info.model = req.name
         weights = self.resolve(req.name)
         started = time.perf_counter()
-        hashes = self._hashes(req.token_ids, weights)
+        hashes = self._hashes(req.token_ids, weights, req.tenant)
         ctx = await self._context(req, weights, hashes)
         if self.gate is not None and await self._admit(ctx, weights):
             started = time.perf_counter()
             ctx = await self._context(req, weights, hashes)  # the view after the wait
         ranked = self._rank(ctx)
         metrics.ROUTE.observe(time.perf_counter() - started)
-        work = WorkRequest(req.request_id, req.token_ids, req.sampling)
+        work = WorkRequest(req.request_id, req.token_ids, req.sampling, cache_salt=req.tenant)
         run = await self.dispatcher.dispatch(ranked, ctx, work, info)
         gen = self._generation(run, req, info)
         gen.request = dataclasses.replace(req, name=gen.model)  # what a resume starts from
@@ -172,9 +176,12 @@ class RouterCore:
                           run.target.matched_tokens, len(req.token_ids), run.first, run, self,
                           info)
 
-    def _hashes(self, token_ids: list[int], models: Mapping[str, float]) -> dict[str, list[int]]:
+    def _hashes(self, token_ids: list[int], models: Mapping[str, float],
+                tenant: str | None = None) -> dict[str, list[int]]:
+        """Each model's block hashes, salted by the model and (isolation on) the tenant."""
         bs = self.config.index.block_size
-        return {m: block_hashes(token_ids, bs, self._salts[m]) for m in models}
+        return {m: block_hashes(token_ids, bs, tenant_salt(self._salts[m], tenant))
+                for m in models}
 
     def _rank(self, ctx: RequestContext, skip: str | None = None) -> list[Candidate]:
         """The decider's ranking (without replica ``skip``); the best is marked routed."""
@@ -234,12 +241,12 @@ class RouterCore:
         req = dataclasses.replace(gen.request, token_ids=ids, sampling=sampling,
                                   request_id=f"{gen.request.request_id}-r{gen.resumes}")
         weights = {gen.model: 1.0}
-        ctx = await self._context(req, weights, self._hashes(ids, weights))
+        ctx = await self._context(req, weights, self._hashes(ids, weights, req.tenant))
         ranked = self._rank(ctx, skip=gen.replica)
         if not ranked:
             raise err
         metrics.RESUMES.labels(gen.model).inc()
-        work = WorkRequest(req.request_id, ids, sampling)
+        work = WorkRequest(req.request_id, ids, sampling, cache_salt=req.tenant)
         return gen.adopt(await self.dispatcher.dispatch(ranked, ctx, work, gen._info))
 
     async def _all_candidates(

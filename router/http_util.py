@@ -159,12 +159,11 @@ class GenerationStream(StreamingResponse):
 
 def routing_headers(gen: Generation) -> dict[str, str]:
     # Serve itself echoes x-request-id (the client's, or its own).
-    return {
-        "x-kvroute-router": gen.router,
-        "x-kvroute-model": gen.model,
-        "x-kvroute-replica": gen.replica,
-        "x-kvroute-predicted-cached-tokens": str(gen.predicted_cached_tokens),
-    }
+    out = {"x-kvroute-router": gen.router, "x-kvroute-model": gen.model,
+           "x-kvroute-replica": gen.replica}
+    if gen.request is None or gen.request.predicted_header:  # index.predicted_cached_header
+        out["x-kvroute-predicted-cached-tokens"] = str(gen.predicted_cached_tokens)
+    return out
 
 
 async def encode_prompt(tok: ChatTokenizer, prompt: ChatPrompt) -> list[int]:

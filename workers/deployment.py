@@ -81,7 +81,7 @@ class ModelWorker:
     ) -> AsyncIterator[WorkerMessage]:
         """Stream one generation. ``kvroute_rank`` is consumed by the request router."""
         req = GenerateRequest(self._engine_id(request.request_id), request.token_ids,
-                              request.sampling)
+                              request.sampling, request.cache_salt)
         spans = GenerationSpans(request.trace, {
             "gen_ai.request.model": self._cfg.name, "kvroute.replica": self._replica,
             "gen_ai.usage.input_tokens": len(req.token_ids),

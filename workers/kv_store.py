@@ -6,6 +6,9 @@ prompt; the caller trims it to that prefix (mlx KV caches are trimmable), as
 mlx-lm's server does with its ``LRUPromptCache``. Entries live under a byte
 budget with LRU eviction.
 
+Entries are kept per cache salt (the tenant, ``index.tenant_isolation``): a prompt only
+ever reuses KV stored under its own salt, and the salt enters the block hashes of its events.
+
 Unlike mlx-lm's cache, this one knows which canonical blocks it holds: each
 entry covers the chained block hashes of its token prefix, a refcount per hash
 says how many entries cover it, and a hash going 0→1 or 1→0 becomes a
@@ -21,13 +24,15 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from cache_service.events import BlockRemoved, BlockStored, CacheEvent
-from cache_service.hashing import block_hashes
+from cache_service.hashing import block_hashes, tenant_salt
 
 KV = TypeVar("KV")
+_Key = tuple[str | None, tuple[int, ...]]  # (cache salt, tokens)
 
 
 @dataclass(slots=True)
 class _Entry(Generic[KV]):
+    key: _Key
     tokens: tuple[int, ...]
     kv: KV
     nbytes: int
@@ -66,7 +71,7 @@ class PrefixKVStore(Generic[KV]):
         self.max_bytes, self.max_entries = max_bytes, max_entries
         self.block_size, self.salt = block_size, salt
         self._nbytes_of = nbytes_of
-        self._entries: OrderedDict[tuple[int, ...], _Entry[KV]] = OrderedDict()
+        self._entries: OrderedDict[_Key, _Entry[KV]] = OrderedDict()
         self._refs: dict[int, int] = {}
         self._events: list[CacheEvent] = []
         self.nbytes = 0
@@ -74,31 +79,37 @@ class PrefixKVStore(Generic[KV]):
     def __len__(self) -> int:
         return len(self._entries)
 
-    def nearest(self, prompt: list[int]) -> Match[KV] | None:
-        """The entry sharing the longest prefix with ``prompt`` (marked recently used)."""
+    def nearest(self, prompt: list[int], cache_salt: str | None = None) -> Match[KV] | None:
+        """The entry of ``cache_salt`` sharing the longest prefix with ``prompt`` (marked
+        recently used); entries of other salts are never matched."""
         best: _Entry[KV] | None = None
         best_common = 0
-        for entry in self._entries.values():
+        for (salt, _), entry in self._entries.items():
+            if salt != cache_salt:
+                continue
             common = _common_prefix(entry.tokens, prompt)
             if common > best_common:
                 best, best_common = entry, common
         if best is None:
             return None
-        self._entries.move_to_end(best.tokens)
+        self._entries.move_to_end(best.key)
         return Match(best.tokens, best.kv, best_common)
 
-    def insert(self, tokens: list[int], kv: KV) -> None:
-        """Store ``kv`` for ``tokens``; drops entries that are strict prefixes of it."""
-        key = tuple(tokens)
-        hashes = block_hashes(tokens, self.block_size, self.salt)
+    def insert(self, tokens: list[int], kv: KV, cache_salt: str | None = None) -> None:
+        """Store ``kv`` for ``tokens`` under ``cache_salt``; drops that salt's entries that
+        are strict prefixes of it."""
+        toks = tuple(tokens)
+        key: _Key = (cache_salt, toks)
+        hashes = block_hashes(tokens, self.block_size, tenant_salt(self.salt, cache_salt))
         stored = [h for h in hashes if self._incref(h)]  # before removals: no flapping
         if stored:
             self._events.append(BlockStored(self.model, self.replica, tuple(stored)))
         if key in self._entries:
             self._remove(key)
-        for other in [k for k in self._entries if len(k) < len(key) and key[: len(k)] == k]:
+        shorter = [k for k in self._entries if k[0] == cache_salt and len(k[1]) < len(toks)]
+        for other in [k for k in shorter if toks[: len(k[1])] == k[1]]:
             self._remove(other)  # a trimmable longer entry serves its prefixes too
-        entry = _Entry(key, kv, self._nbytes_of(kv), hashes)
+        entry = _Entry(key, toks, kv, self._nbytes_of(kv), hashes)
         self._entries[key] = entry
         self.nbytes += entry.nbytes
         self._evict()
@@ -120,7 +131,7 @@ class PrefixKVStore(Generic[KV]):
         ):
             self._remove(next(iter(self._entries)))
 
-    def _remove(self, key: tuple[int, ...]) -> None:
+    def _remove(self, key: _Key) -> None:
         entry = self._entries.pop(key)
         self.nbytes -= entry.nbytes
         removed = [h for h in entry.hashes if self._decref(h)]

@@ -243,7 +243,7 @@ class BatchLoop:
             if job.aborted.is_set() or job.request.sampling.max_tokens <= 0:
                 self._finish_unstarted(job, "abort" if job.aborted.is_set() else "length")
                 continue
-            cache, reused = self._fetch_cache(job.request.token_ids)
+            cache, reused = self._fetch_cache(job.request.token_ids, job.request.cache_salt)
             job.prefill_left = len(job.request.token_ids) - reused
             args.append((job, cache, reused))
         if not args:
@@ -324,7 +324,7 @@ class BatchLoop:
             tail += "" if hit else seq.stops.flush()
         if tail or seq.held:
             job.put(TokenChunk(tail, tuple(seq.held)))
-        self._store_cache(job.request.token_ids, tokens, cache)
+        self._store_cache(job.request.token_ids, tokens, cache, job.request.cache_salt)
         usage = Usage(len(job.request.token_ids), seq.generated, seq.reused)
         job.put(Finished(usage, reason, seq.stops.matched))
 
@@ -386,11 +386,11 @@ class BatchLoop:
             pass
 
     # -- prefix KV store ----------------------------------------------------------
-    def _fetch_cache(self, prompt: list[int]) -> tuple[list[Any], int]:
+    def _fetch_cache(self, prompt: list[int], salt: str | None) -> tuple[list[Any], int]:
         from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
         assert self.store is not None
-        match = self.store.nearest(prompt)
+        match = self.store.nearest(prompt, salt)  # only this tenant's KV
         reuse = min(match.common, len(prompt) - 1) if match else 0
         if not match or reuse <= 0:
             return make_prompt_cache(self._model), 0
@@ -398,7 +398,8 @@ class BatchLoop:
         trim_prompt_cache(cache, _offset(cache) - reuse)
         return cache, reuse
 
-    def _store_cache(self, prompt: list[int], tokens: list[int], cache: list[Any]) -> None:
+    def _store_cache(self, prompt: list[int], tokens: list[int], cache: list[Any],
+                     salt: str | None) -> None:
         from mlx_lm.models.cache import trim_prompt_cache
 
         assert self.store is not None
@@ -412,7 +413,7 @@ class BatchLoop:
             log.warning("mlx: KV tokens do not extend the prompt; not caching")
             return
         with self.events_lock:
-            self.store.insert(key, cache)
+            self.store.insert(key, cache, salt)
 
 
 def _offset(cache: list[Any]) -> int:

@@ -39,6 +39,7 @@ class GenerateRequest:
     request_id: str
     token_ids: list[int]
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    cache_salt: str | None = None  # the tenant: its KV is kept apart (engines salt per it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,12 +111,15 @@ class InputRejected(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class WorkRequest:
-    """Router → worker: one generation. ``trace``: the W3C carrier of the router's span."""
+    """Router → worker: one generation. ``trace``: the W3C carrier of the router's span.
+    ``cache_salt``: the tenant when ``index.tenant_isolation`` is on; the engine keeps and
+    hashes its KV per salt, so tenants never share a cached prefix."""
 
     request_id: str
     token_ids: list[int]
     sampling: SamplingParams
     trace: dict[str, str] | None = None
+    cache_salt: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,7 @@ import numpy as np
 import xxhash
 
 from cache_service.events import CacheEvent
-from cache_service.hashing import DEFAULT_BLOCK_SIZE, block_hashes, model_salt
+from cache_service.hashing import DEFAULT_BLOCK_SIZE, block_hashes, model_salt, tenant_salt
 from workers.protocol import (
     EngineError,
     Finished,
@@ -109,7 +109,7 @@ class SimEngine:
         reply = self._script.reply_for(request.token_ids) if self._script else None
         spec = SimRequest(
             rid,
-            block_hashes(ids, self.params.block_size, self._salt),
+            block_hashes(ids, self.params.block_size, tenant_salt(self._salt, request.cache_salt)),
             prompt_len=len(ids),
             max_tokens=sp.max_tokens,
             prompt_key=xxhash.xxh3_64_intdigest(ids.tobytes()),

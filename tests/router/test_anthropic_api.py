@@ -55,6 +55,7 @@ class FakeGeneration:
         self.script, self.prompt_tokens = script, prompt_tokens
         self.model, self.replica, self.router = "tiny", "rep-1", "router-1"
         self.predicted_cached_tokens = 7
+        self.request = None  # RouterCore's Generation: what a resume starts from
         self.final: Final | None = None
         self.closed = False
 

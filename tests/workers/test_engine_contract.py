@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from cache_service.events import BlockRemoved, BlockStored, CacheEvent
-from cache_service.hashing import block_hashes, model_salt
+from cache_service.hashing import block_hashes, model_salt, tenant_salt
 from workers.protocol import (
     Engine,
     EngineError,
@@ -200,6 +200,24 @@ async def test_block_stored_hashes_are_canonical(case: EngineCase) -> None:
         assert hashes_of(events, BlockStored)[: len(expected)] == expected
         assert not hashes_of(events, BlockRemoved)
         assert engine.drain_cache_events() == []  # drained
+
+
+async def test_cache_salts_keep_tenants_apart(case: EngineCase) -> None:
+    """Issue 14 item 3: a prompt reuses only KV stored under its own cache salt (the tenant),
+    and the salt enters the events' hashes, as it enters the router's lookups."""
+    async with running(case) as engine:
+        tokens = prompt(100, 8)  # 6 full blocks
+        await run(engine, GenerateRequest("a", tokens, SamplingParams(max_tokens=4), "alice"))
+        events = engine.drain_cache_events()
+        _, bob = await run(engine, GenerateRequest("b", tokens, SamplingParams(max_tokens=4),
+                                                   "bob"))
+        _, alice = await run(engine, GenerateRequest("c", tokens, SamplingParams(max_tokens=4),
+                                                     "alice"))
+        assert bob.usage.cached_tokens == 0
+        assert alice.usage.cached_tokens >= 0.8 * len(tokens)
+        salted = block_hashes(tokens, BS, tenant_salt(model_salt(MODEL), "alice"))
+        assert hashes_of(events, BlockStored)[:6] == salted
+        assert not set(salted) & set(block_hashes(tokens, BS, model_salt(MODEL)))
 
 
 async def test_small_budget_evicts(case: EngineCase) -> None:

@@ -19,7 +19,7 @@ import pytest
 import pytest_asyncio
 
 from cache_service.events import AllBlocksCleared, BlockRemoved, BlockStored, CacheEvent
-from cache_service.hashing import block_hashes, model_salt
+from cache_service.hashing import block_hashes, model_salt, tenant_salt
 from workers.protocol import (
     Engine,
     EngineError,
@@ -130,6 +130,18 @@ def test_mapper_skips_blocks_with_an_unknown_parent_and_forwards_clears() -> Non
     assert events[-1] == AllBlocksCleared(MODEL, "r")
     store(m, tokens, 16, 4, 8)  # its parent went with the clear
     assert m.drain() == []
+
+
+def test_mapper_salts_a_chain_by_the_cache_salt_vllm_reports() -> None:
+    """Issue 14 item 3: vLLM folds a request's cache_salt into its root block's extra keys;
+    the canonical chain is then hashed with the same tenant salt as the router's lookups."""
+    tokens, b = prompt(2 * C, 41), 16
+    hs = vllm_hashes(tokens, b)
+    alice, plain = BlockMapper(MODEL, "r", C), BlockMapper(MODEL, "r", C)
+    alice.stored(hs, None, tokens, b, [("alice",)] + [None] * (len(hs) - 1))
+    plain.stored(hs, None, tokens, b)
+    assert stored(alice.drain()) == block_hashes(tokens, C, tenant_salt(SALT, "alice"))
+    assert stored(plain.drain()) == block_hashes(tokens, C, SALT)
 
 
 def test_mapper_lru_bound_removes_what_it_forgets() -> None:
