@@ -33,22 +33,11 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from router import anthropic_api as aa
+from router import http_util as hu
 from router import tool_calls as tc
 from router.anthropic_schema import CountTokensRequest, MessagesRequest
 from router.core import Generation, RouterCore
 from router.errors import ApiError
-from router.http_util import (
-    GenerationStream,
-    admit_caller,
-    body_limits,
-    encode_prompt,
-    forwarded_headers,
-    output_budget,
-    parse_body,
-    request_id,
-    routing_headers,
-    sampling,
-)
 from router.identity import session_key
 from router.normalize import to_chat
 
@@ -57,32 +46,32 @@ DEFAULT_TEMPERATURE = 1.0
 
 
 async def messages(core: RouterCore, request: Request) -> Response:
-    key = await admit_caller(core, request)  # 401 / 429 before reading the body
-    req = await parse_body(request, MessagesRequest, body_limits(core))
+    key = await hu.admit_caller(core, request)  # 401 / 429 before reading the body
+    req = await hu.parse_body(request, MessagesRequest, hu.body_limits(core))
     tok = core.tokenizer(req.model)
-    ids = await encode_prompt(tok, to_chat(req, tok.system_in_place))
-    budget, bound = output_budget(core, req.model, len(ids), req.max_tokens, cut_to_fit=True)
-    params = sampling(
+    ids = await hu.encode_prompt(tok, to_chat(req, tok.system_in_place))
+    budget, bound = hu.output_budget(core, req.model, len(ids), req.max_tokens, cut_to_fit=True)
+    params = hu.sampling(
         budget, DEFAULT_TEMPERATURE if req.temperature is None else req.temperature,
         req.top_p, tuple(req.stop_sequences or ()), None,
     )
-    rid = request_id("msg")
+    rid = hu.request_id("msg")
     session = session_key(request.headers, user_id=req.metadata.user_id if req.metadata else None,
                           tenant=key.name if key else None)
-    gen = await core.generate(req.model, ids, params, rid, forwarded_headers(request),
+    gen = await core.generate(req.model, ids, params, rid, hu.forwarded_headers(request),
                               session, api_key=key, has_tools=bool(req.tools))
-    headers = {**routing_headers(gen), "request-id": rid}
+    headers = {**hu.routing_headers(gen), "request-id": rid}
     reply = _Reply(gen, req, _parser(core, req), bound)
     if req.stream:
-        return GenerationStream(reply.stream(), gen, headers)
+        return hu.GenerationStream(reply.stream(), gen, headers)
     return JSONResponse(await reply.collect(), headers=headers)
 
 
 async def count_tokens(core: RouterCore, request: Request) -> Response:
-    await admit_caller(core, request)  # rate-limited like any request (one per call)
-    req = await parse_body(request, CountTokensRequest, body_limits(core))
+    await hu.admit_caller(core, request)  # rate-limited like any request (one per call)
+    req = await hu.parse_body(request, CountTokensRequest, hu.body_limits(core))
     tok = core.tokenizer(req.model)
-    ids = await encode_prompt(tok, to_chat(req, tok.system_in_place))
+    ids = await hu.encode_prompt(tok, to_chat(req, tok.system_in_place))
     return JSONResponse({"input_tokens": len(ids)})
 
 

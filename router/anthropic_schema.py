@@ -14,14 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from router.request_limits import (
-    MAX_BLOCKS,
-    MAX_DESCRIPTION_CHARS,
-    MAX_ID_CHARS,
-    MAX_MESSAGES,
-    MAX_TEXT_CHARS,
-    MAX_TOOLS,
-)
+from router import request_limits as lim
 
 
 class _Lenient(BaseModel):
@@ -30,7 +23,7 @@ class _Lenient(BaseModel):
 
 class TextBlock(_Lenient):
     type: Literal["text"]
-    text: str = Field(max_length=MAX_TEXT_CHARS)
+    text: str = Field(max_length=lim.MAX_TEXT_CHARS)
 
 
 class ImageBlock(_Lenient):
@@ -43,7 +36,7 @@ class DocumentBlock(_Lenient):
 
 class ThinkingBlock(_Lenient):
     type: Literal["thinking"]
-    thinking: str = Field("", max_length=MAX_TEXT_CHARS)
+    thinking: str = Field("", max_length=lim.MAX_TEXT_CHARS)
 
 
 class RedactedThinkingBlock(_Lenient):
@@ -52,8 +45,8 @@ class RedactedThinkingBlock(_Lenient):
 
 class ToolUseBlock(_Lenient):
     type: Literal["tool_use"]
-    id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
-    name: str = Field(min_length=1, max_length=MAX_ID_CHARS)
+    id: str = Field(min_length=1, max_length=lim.MAX_ID_CHARS)
+    name: str = Field(min_length=1, max_length=lim.MAX_ID_CHARS)
     input: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -70,9 +63,9 @@ ResultPart = Annotated[TextBlock | ImageBlock | DocumentBlock | ToolReferenceBlo
 
 class ToolResultBlock(_Lenient):
     type: Literal["tool_result"]
-    tool_use_id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
-    content: (Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
-              | Annotated[list[ResultPart], Field(max_length=MAX_BLOCKS)] | None) = None
+    tool_use_id: str = Field(min_length=1, max_length=lim.MAX_ID_CHARS)
+    content: (Annotated[str, Field(max_length=lim.MAX_TEXT_CHARS)]
+              | Annotated[list[ResultPart], Field(max_length=lim.MAX_BLOCKS)] | None) = None
     is_error: bool = False
 
 
@@ -88,8 +81,8 @@ class Message(_Lenient):
     (beta ``mid-conversation-tool-changes-2026-07-01``)."""
 
     role: Literal["user", "assistant", "system"]
-    content: (Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
-              | Annotated[list[ContentBlock], Field(max_length=MAX_BLOCKS)])
+    content: (Annotated[str, Field(max_length=lim.MAX_TEXT_CHARS)]
+              | Annotated[list[ContentBlock], Field(max_length=lim.MAX_BLOCKS)])
 
 
 class Tool(_Lenient):
@@ -100,7 +93,7 @@ class Tool(_Lenient):
 
     type: str | None = None
     name: str = Field(min_length=1, max_length=128)
-    description: str | None = Field(None, max_length=MAX_DESCRIPTION_CHARS)
+    description: str | None = Field(None, max_length=lim.MAX_DESCRIPTION_CHARS)
     input_schema: dict[str, Any] | None = None
     defer_loading: bool = False
 
@@ -132,10 +125,10 @@ class OutputConfig(_Lenient):
 
 class CountTokensRequest(_Lenient):
     model: str = Field(min_length=1)
-    messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES)
-    system: (Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
-             | Annotated[list[TextBlock], Field(max_length=MAX_BLOCKS)] | None) = None
-    tools: list[Tool] | None = Field(None, max_length=MAX_TOOLS)
+    messages: list[Message] = Field(min_length=1, max_length=lim.MAX_MESSAGES)
+    system: (Annotated[str, Field(max_length=lim.MAX_TEXT_CHARS)]
+             | Annotated[list[TextBlock], Field(max_length=lim.MAX_BLOCKS)] | None) = None
+    tools: list[Tool] | None = Field(None, max_length=lim.MAX_TOOLS)
     tool_choice: ToolChoice | None = None
     # Accepted and not applied (docs/api.md): kvroute's models do not think aloud, and
     # context edits (clearing old thinking or tool results) would move the cached prefix.

@@ -20,23 +20,12 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from router import http_util as hu
 from router import openai_api as oa
 from router import tool_calls as tc
 from router.auth import ApiKeyConfig
 from router.core import Generation, RouterCore
 from router.errors import ApiError
-from router.http_util import (
-    GenerationStream,
-    admit_caller,
-    body_limits,
-    encode_prompt,
-    forwarded_headers,
-    output_budget,
-    parse_body,
-    request_id,
-    routing_headers,
-    sampling,
-)
 from router.identity import session_key
 from router.normalize import ChatPrompt, place_system
 from router.openai_schema import ChatCompletionRequest, CompletionRequest, SamplingFields
@@ -52,11 +41,11 @@ def list_models(core: RouterCore) -> dict[str, Any]:
 
 
 async def chat_completions(core: RouterCore, request: Request) -> Response:
-    key = await admit_caller(core, request)  # 401 / 429 before reading the body
-    req = await parse_body(request, ChatCompletionRequest, body_limits(core))
+    key = await hu.admit_caller(core, request)  # 401 / 429 before reading the body
+    req = await hu.parse_body(request, ChatCompletionRequest, hu.body_limits(core))
     tok = core.tokenizer(req.model)
     messages = place_system(req.template_messages(), tok.system_in_place)
-    ids = await encode_prompt(tok, ChatPrompt(messages, req.template_tools()))
+    ids = await hu.encode_prompt(tok, ChatPrompt(messages, req.template_tools()))
     parser = None
     if req.parses_tools():
         parser = tc.make_parser(tc.family_for_model(core.primary(req.model).model_path))
@@ -65,8 +54,8 @@ async def chat_completions(core: RouterCore, request: Request) -> Response:
 
 
 async def completions(core: RouterCore, request: Request) -> Response:
-    key = await admit_caller(core, request)  # 401 / 429 before reading the body
-    req = await parse_body(request, CompletionRequest, body_limits(core))
+    key = await hu.admit_caller(core, request)  # 401 / 429 before reading the body
+    req = await hu.parse_body(request, CompletionRequest, hu.body_limits(core))
     tok = core.tokenizer(req.model)
     if isinstance(req.prompt, str):
         ids = await tok.aencode(req.prompt)
@@ -103,19 +92,19 @@ async def _serve(core: RouterCore, request: Request, req: SamplingFields, ids: l
                  out: _Output | None, key: ApiKeyConfig | None) -> Response:
     """Generate and reply; ``out`` None for /v1/completions (plain text)."""
     chat = out is not None
-    rid = request_id("chatcmpl" if chat else "cmpl")
-    budget, _ = output_budget(core, req.model, len(ids), req.output_limit())
-    params = sampling(budget, req.temperature, req.top_p, req.stop_list(), req.seed)
+    rid = hu.request_id("chatcmpl" if chat else "cmpl")
+    budget, _ = hu.output_budget(core, req.model, len(ids), req.output_limit())
+    params = hu.sampling(budget, req.temperature, req.top_p, req.stop_list(), req.seed)
     session = session_key(request.headers, prompt_cache_key=req.prompt_cache_key,
                           tenant=key.name if key else None)
     gen = await core.generate(
-        req.model, ids, params, rid, forwarded_headers(request), session, api_key=key,
+        req.model, ids, params, rid, hu.forwarded_headers(request), session, api_key=key,
         has_tools=bool(getattr(req, "tools", None)),
     )
-    headers = routing_headers(gen)
+    headers = hu.routing_headers(gen)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return GenerationStream(_stream(gen, rid, req.model, out, include_usage), gen, headers)
+        return hu.GenerationStream(_stream(gen, rid, req.model, out, include_usage), gen, headers)
     result = out or _Output(None, False)
     try:
         async for ev in tc.events(gen.messages(), result.parser):

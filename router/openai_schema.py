@@ -17,15 +17,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from router import request_limits as lim
 from router.normalize import strip_volatile
-from router.request_limits import (
-    MAX_BLOCKS,
-    MAX_DESCRIPTION_CHARS,
-    MAX_ID_CHARS,
-    MAX_MESSAGES,
-    MAX_TEXT_CHARS,
-    MAX_TOOLS,
-)
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # seed: engines seed 64-bit generators
 MAX_STOP_CHARS = 512  # stop matching costs grow with the length (review finding 12)
@@ -37,27 +30,27 @@ class _Lenient(BaseModel):
 
 class ContentPart(_Lenient):
     type: str
-    text: str | None = Field(None, max_length=MAX_TEXT_CHARS)
+    text: str | None = Field(None, max_length=lim.MAX_TEXT_CHARS)
 
 
 class ToolCallFunction(_Lenient):
-    name: str = Field(max_length=MAX_ID_CHARS)
-    arguments: str | dict[str, Any] = Field("{}", max_length=MAX_TEXT_CHARS)
+    name: str = Field(max_length=lim.MAX_ID_CHARS)
+    arguments: str | dict[str, Any] = Field("{}", max_length=lim.MAX_TEXT_CHARS)
 
 
 class ToolCall(_Lenient):
-    id: str | None = Field(None, max_length=MAX_ID_CHARS)
+    id: str | None = Field(None, max_length=lim.MAX_ID_CHARS)
     type: Literal["function"] = "function"
     function: ToolCallFunction
 
 
 class ChatMessage(_Lenient):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: (Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
-              | Annotated[list[ContentPart], Field(max_length=MAX_BLOCKS)] | None) = None
-    name: str | None = Field(None, max_length=MAX_ID_CHARS)
-    tool_calls: list[ToolCall] | None = Field(None, max_length=MAX_BLOCKS)
-    tool_call_id: str | None = Field(None, max_length=MAX_ID_CHARS)
+    content: (Annotated[str, Field(max_length=lim.MAX_TEXT_CHARS)]
+              | Annotated[list[ContentPart], Field(max_length=lim.MAX_BLOCKS)] | None) = None
+    name: str | None = Field(None, max_length=lim.MAX_ID_CHARS)
+    tool_calls: list[ToolCall] | None = Field(None, max_length=lim.MAX_BLOCKS)
+    tool_call_id: str | None = Field(None, max_length=lim.MAX_ID_CHARS)
 
     def text(self) -> str:
         if self.content is None or isinstance(self.content, str):
@@ -122,7 +115,7 @@ class SamplingFields(_Lenient):
 
 class FunctionDef(_Lenient):
     name: str = Field(min_length=1, max_length=128)
-    description: str | None = Field(None, max_length=MAX_DESCRIPTION_CHARS)
+    description: str | None = Field(None, max_length=lim.MAX_DESCRIPTION_CHARS)
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
 
@@ -175,8 +168,8 @@ class ResponseFormat(_Lenient):
 
 
 class ChatCompletionRequest(SamplingFields):
-    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
-    tools: list[ToolDef] | None = Field(None, max_length=MAX_TOOLS)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=lim.MAX_MESSAGES)
+    tools: list[ToolDef] | None = Field(None, max_length=lim.MAX_TOOLS)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
@@ -202,6 +195,6 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: Annotated[str, Field(max_length=MAX_TEXT_CHARS)] | list[int] = Field(
+    prompt: Annotated[str, Field(max_length=lim.MAX_TEXT_CHARS)] | list[int] = Field(
         description="A string, or a list of token ids.")
     echo: bool = False

@@ -24,21 +24,10 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from router import http_util as hu
 from router import tool_calls as tc
 from router.core import Generation, RouterCore
 from router.errors import ApiError
-from router.http_util import (
-    GenerationStream,
-    admit_caller,
-    body_limits,
-    encode_prompt,
-    forwarded_headers,
-    output_budget,
-    parse_body,
-    request_id,
-    routing_headers,
-    sampling,
-)
 from router.identity import session_key
 from router.response_store import ResponseStore, StoredResponse
 from router.responses_api import Output, new_id, status, usage
@@ -49,27 +38,27 @@ log = logging.getLogger(__name__)
 
 
 async def create(core: RouterCore, store: ResponseStore, request: Request) -> Response:
-    key = await admit_caller(core, request)  # 401 / 429 before reading the body
-    req = await parse_body(request, ResponsesRequest, body_limits(core))
+    key = await hu.admit_caller(core, request)  # 401 / 429 before reading the body
+    req = await hu.parse_body(request, ResponsesRequest, hu.body_limits(core))
     history = await _history(store, req)
     tok = core.tokenizer(req.model)
     prompt, conversation, catalog = to_chat(req, history, tok.system_in_place)
-    ids = await encode_prompt(tok, prompt)
-    budget, _ = output_budget(core, req.model, len(ids), req.max_output_tokens)
-    params = sampling(budget, req.temperature, req.top_p, (), None)
+    ids = await hu.encode_prompt(tok, prompt)
+    budget, _ = hu.output_budget(core, req.model, len(ids), req.max_output_tokens)
+    params = hu.sampling(budget, req.temperature, req.top_p, (), None)
     session = session_key(request.headers, prompt_cache_key=req.prompt_cache_key,
                           tenant=key.name if key else None)
-    gen = await core.generate(req.model, ids, params, request_id("resp"),
-                              forwarded_headers(request), session, api_key=key,
+    gen = await core.generate(req.model, ids, params, hu.request_id("resp"),
+                              hu.forwarded_headers(request), session, api_key=key,
                               has_tools=bool(req.tools))
     parser = None
     if catalog.refs and req.tool_choice != "none":
         parser = tc.make_parser(tc.family_for_model(core.primary(req.model).model_path))
     out = Output(req, new_id("resp"), catalog, single_call=req.parallel_tool_calls is False)
     reply = _Reply(gen, out, parser, store if req.store else None, conversation)
-    headers = routing_headers(gen)
+    headers = hu.routing_headers(gen)
     if req.stream:
-        return GenerationStream(reply.stream(), gen, headers)
+        return hu.GenerationStream(reply.stream(), gen, headers)
     return JSONResponse(await reply.collect(), headers=headers)
 
 

@@ -13,8 +13,10 @@ Decision, in order:
 3. Else: among the replicas with the smallest tree, the least loaded.
 
 Ray only evicts from its tree when ``do_eviction`` is set (then every 10 s, above
-a character threshold); ``max_blocks`` None (the default) means no eviction and
-``trim_interval_s`` is Ray's eviction interval. Ties go to the first candidate.
+a character threshold); here every tree is trimmed to ``max_blocks`` (32768 blocks, 2M
+tokens at 64 a block, SGLang's cap; None: never, as Ray's default) every ``trim_interval_s``
+(Ray's eviction interval), so the router's memory stays bounded (review finding 16). Ties
+go to the first candidate.
 """
 
 from __future__ import annotations
@@ -24,14 +26,7 @@ import random
 from pydantic import BaseModel, ConfigDict, Field
 
 from router.context import Candidate, RequestContext
-from router.plugins.approx_tree import (
-    ApproxPrefixTree,
-    TreePicker,
-    least_loaded,
-    match_share,
-    smallest_tree,
-    tree_match,
-)
+from router.plugins import approx_tree as at
 from router.plugins.base import register
 from router.plugins.power_of_two_picker import pow2_choice
 
@@ -42,17 +37,18 @@ class RayParams(BaseModel):
     imbalanced_threshold: int = Field(10, ge=0, description="Queue gap that means imbalance.")
     match_rate_threshold: float = Field(0.1, ge=0.0, le=1.0, description="Match share to follow.")
     trim_interval_s: float = Field(10.0, gt=0, description="Seconds between tree evictions.")
-    max_blocks: int | None = Field(None, ge=1, description="Blocks kept per tree; None: all.")
+    max_blocks: int | None = Field(32768, ge=1, description="Blocks kept per replica tree "
+                                   "(trimmed every trim_interval_s); None: never trimmed.")
     seed: int = Field(0, description="Seed of the power-of-two fallback.")
 
 
 @register("ray-prefix-affinity-picker", "picker")
-class RayPrefixAffinityPicker(TreePicker):
+class RayPrefixAffinityPicker(at.TreePicker):
     Params = RayParams
 
     def __init__(self, params: RayParams) -> None:
         self.params = params
-        self.tree = ApproxPrefixTree(params.max_blocks, params.trim_interval_s)
+        self.tree = at.ApproxPrefixTree(params.max_blocks, params.trim_interval_s)
         self._rng = random.Random(params.seed)
 
     def _choose(self, ctx: RequestContext, cands: list[Candidate]) -> Candidate:
@@ -60,7 +56,7 @@ class RayPrefixAffinityPicker(TreePicker):
         gap = max(c.ongoing for c in cands) - min(c.ongoing for c in cands)
         if gap > p.imbalanced_threshold:
             return pow2_choice(self._rng, cands)
-        blocks, holders = tree_match(self.tree, ctx)
-        if holders and match_share(ctx, holders[0], blocks) >= p.match_rate_threshold:
-            return least_loaded(holders)
-        return least_loaded(smallest_tree(self.tree, cands))
+        blocks, holders = at.tree_match(self.tree, ctx)
+        if holders and at.match_share(ctx, holders[0], blocks) >= p.match_rate_threshold:
+            return at.least_loaded(holders)
+        return at.least_loaded(at.smallest_tree(self.tree, cands))

@@ -27,14 +27,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from router.context import Candidate, RequestContext
-from router.plugins.approx_tree import (
-    ApproxPrefixTree,
-    TreePicker,
-    least_loaded,
-    match_share,
-    smallest_tree,
-    tree_match,
-)
+from router.plugins import approx_tree as at
 from router.plugins.base import register
 
 
@@ -49,20 +42,20 @@ class SglangParams(BaseModel):
 
 
 @register("sglang-cache-aware-picker", "picker")
-class SglangCacheAwarePicker(TreePicker):
+class SglangCacheAwarePicker(at.TreePicker):
     Params = SglangParams
 
     def __init__(self, params: SglangParams) -> None:
         self.params = params
-        self.tree = ApproxPrefixTree(params.max_blocks, params.trim_interval_s)
+        self.tree = at.ApproxPrefixTree(params.max_blocks, params.trim_interval_s)
 
     def _choose(self, ctx: RequestContext, cands: list[Candidate]) -> Candidate:
         p = self.params
         hi = max(c.ongoing for c in cands)
         lo = min(c.ongoing for c in cands)
         if hi - lo > p.balance_abs_threshold and hi > p.balance_rel_threshold * lo:
-            return least_loaded(cands)
-        blocks, holders = tree_match(self.tree, ctx)
-        if holders and match_share(ctx, holders[0], blocks) > p.cache_threshold:
-            return least_loaded(holders)
-        return smallest_tree(self.tree, cands)[0]
+            return at.least_loaded(cands)
+        blocks, holders = at.tree_match(self.tree, ctx)
+        if holders and at.match_share(ctx, holders[0], blocks) > p.cache_threshold:
+            return at.least_loaded(holders)
+        return at.smallest_tree(self.tree, cands)[0]
