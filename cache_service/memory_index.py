@@ -22,6 +22,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
+import xxhash
+
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, CacheEvent
 from .index import IndexSettings, IndexStats, MatchInfo
 
@@ -50,7 +52,7 @@ class MemoryPrefixIndex:
         self._entries = 0
         self._heartbeats: dict[str, dict[str, float]] = {}
         self._tombstones: dict[str, dict[str, float]] = {}
-        self._sessions: OrderedDict[str, tuple[str, str, float]] = OrderedDict()  # LRU
+        self._sessions: OrderedDict[bytes, tuple[str, str, float]] = OrderedDict()  # LRU
 
     # ---- liveness -------------------------------------------------------------------------
 
@@ -195,14 +197,15 @@ class MemoryPrefixIndex:
                 raise TypeError(f"not a cache event: {ev!r}")
 
     async def session(self, session_id: str) -> tuple[str, str] | None:
-        found = self._sessions.get(session_id)
+        found = self._sessions.get(_session_digest(session_id))
         if found is None or found[2] <= self._clock():
             return None
         return found[0], found[1]
 
     async def record_session(self, session_id: str, model: str, replica: str) -> None:
-        self._sessions[session_id] = (model, replica, self._clock() + self.settings.session_ttl_s)
-        self._sessions.move_to_end(session_id)
+        key = _session_digest(session_id)  # 16 bytes, however long the id (review finding 8)
+        self._sessions[key] = (model, replica, self._clock() + self.settings.session_ttl_s)
+        self._sessions.move_to_end(key)
         while len(self._sessions) > MAX_SESSIONS:
             self._sessions.popitem(last=False)
 
@@ -249,3 +252,8 @@ class MemoryPrefixIndex:
 
     async def close(self) -> None:
         return None
+
+
+def _session_digest(session_id: str) -> bytes:
+    """What the index keeps of a session id: its xxh3-128 (as Redis keys do)."""
+    return xxhash.xxh3_128_digest(session_id.encode())

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from router.context import Candidate
 
 FLOOR_S = 0.005  # decode/dispatch cost even with nothing to prefill
+MAX_RATE_REPLICAS = 4096  # replicas whose rates PrefillRates keeps (least recently seen go)
 
 
 def ttft_s(queued_tokens: float, own_tokens: float, rate: float) -> float:
@@ -60,16 +61,29 @@ class PrefillRates:
         self._fleet: dict[str, dict[str, float]] = {}  # model -> replica -> learned rate
 
     def observe(self, c: Candidate) -> None:
-        st = self._state.get((c.model, c.replica))
+        st = self._state.pop((c.model, c.replica), None)  # re-inserted: most recently seen
         if st is None or c.prefill_tokens_total < st.tokens or c.prefill_busy_s < st.busy_s:
-            st = self._state[(c.model, c.replica)] = _RateState()  # new, or restarted
+            st = _RateState()  # new, or restarted
             self._fleet.get(c.model, {}).pop(c.replica, None)
+        self._state[(c.model, c.replica)] = st
+        self._bound()
         d_busy = c.prefill_busy_s - st.busy_s
         if d_busy > 0 and d_busy >= self.min_sample_s:
             sample = (c.prefill_tokens_total - st.tokens) / d_busy
             st.rate = sample if st.rate is None else st.rate + self.alpha * (sample - st.rate)
             st.tokens, st.busy_s = c.prefill_tokens_total, c.prefill_busy_s
             self._fleet.setdefault(c.model, {})[c.replica] = st.rate
+
+    def _bound(self) -> None:
+        """Replicas come and go (autoscaling, restarts): the least recently seen are
+        forgotten past ``MAX_RATE_REPLICAS``, so the state never grows with churn."""
+        while len(self._state) > MAX_RATE_REPLICAS:
+            model, replica = next(iter(self._state))
+            del self._state[(model, replica)]
+            fleet = self._fleet.get(model, {})
+            fleet.pop(replica, None)
+            if not fleet:
+                self._fleet.pop(model, None)
 
     def rate(self, c: Candidate) -> float:
         st = self._state.get((c.model, c.replica))
