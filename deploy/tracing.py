@@ -21,7 +21,19 @@ from opentelemetry.context import Context
 log = logging.getLogger(__name__)
 _LOCK = threading.Lock()
 _provider: object | None = None
-TRACE_ENV_PREFIXES = ("OTEL_",)
+# The OTEL_* variables copied into every replica's runtime_env (stored in GCS, shown on the
+# dashboard): an allow-list of non-secret settings. OTEL_EXPORTER_OTLP_HEADERS (and the
+# traces variant), which usually carry a collector token, are never copied: set them in
+# each node's or pod's own environment, which Ray's workers inherit (review finding 17).
+_BSP = ("SCHEDULE_DELAY", "EXPORT_TIMEOUT", "MAX_QUEUE_SIZE", "MAX_EXPORT_BATCH_SIZE")
+_OTLP = ("ENDPOINT", "PROTOCOL", "TIMEOUT", "COMPRESSION", "CERTIFICATE", "INSECURE")
+TRACE_ENV_ALLOWED = frozenset({
+    "OTEL_SDK_DISABLED", "OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES", "OTEL_PROPAGATORS",
+    "OTEL_TRACES_EXPORTER", "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG",
+    *(f"OTEL_BSP_{n}" for n in _BSP),
+    *(f"OTEL_EXPORTER_OTLP_{n}" for n in _OTLP),
+    *(f"OTEL_EXPORTER_OTLP_TRACES_{n}" for n in _OTLP),
+})
 
 
 def tracing_endpoint() -> str | None:
@@ -30,8 +42,9 @@ def tracing_endpoint() -> str | None:
 
 
 def tracing_env() -> dict[str, str]:
-    """The OTEL_* variables to hand to Ray workers (their processes may not inherit them)."""
-    return {k: v for k, v in os.environ.items() if k.startswith(TRACE_ENV_PREFIXES)}
+    """The allowed OTEL_* variables to hand to Ray workers (their processes may not inherit
+    them); secrets such as OTEL_EXPORTER_OTLP_HEADERS stay out (``TRACE_ENV_ALLOWED``)."""
+    return {k: v for k, v in os.environ.items() if k in TRACE_ENV_ALLOWED}
 
 
 def setup_tracing(service_name: str) -> bool:

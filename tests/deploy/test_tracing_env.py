@@ -1,0 +1,24 @@
+"""Review finding 17: the builder copied every OTEL_* variable into each replica's
+runtime_env (stored in GCS, visible on the dashboard), OTEL_EXPORTER_OTLP_HEADERS (often a
+collector token) included. Only an allow-list of non-secret settings is copied now."""
+
+from __future__ import annotations
+
+import pytest
+
+from deploy.tracing import tracing_env
+
+
+def test_only_non_secret_otel_settings_reach_replicas(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "traceidratio")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0.1")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Bearer s3cret")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "x-token=s3cret")
+    monkeypatch.setenv("OTEL_SOMETHING_NEW", "unknown")
+    env = tracing_env()
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://127.0.0.1:4318"
+    assert env["OTEL_TRACES_SAMPLER_ARG"] == "0.1"
+    assert not {"OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+                "OTEL_SOMETHING_NEW"} & set(env)
+    assert "s3cret" not in repr(env)
