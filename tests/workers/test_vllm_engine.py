@@ -25,6 +25,7 @@ from workers.protocol import (
     EngineError,
     Finished,
     GenerateRequest,
+    InputRejected,
     SamplingParams,
     TokenChunk,
 )
@@ -285,4 +286,23 @@ class TestEngine:
             await run(engine, [], "empty")
         with pytest.raises(ValueError, match="maximum model length"):
             await run(engine, prompt(5000, 28), "too-long")
+        await engine.check_health()
+
+    async def test_a_bad_seed_fails_alone_next_to_three_streams(
+            self, engine: VllmEngine) -> None:
+        """Issue 14 item 1 on vLLM: a seed torch cannot take is refused as that request's
+        input (InputRejected, a 400 the router does not retry); 3 streams running beside
+        it finish all their tokens."""
+        streams = [asyncio.ensure_future(run(engine, prompt(120, 40 + i), f"beside{i}",
+                                             max_tokens=60, ignore_eos=True,
+                                             temperature=0.8, seed=7 + i))
+                   for i in range(3)]
+        await asyncio.sleep(0.2)  # the three are under way
+        assert engine.load().ongoing_requests == 3
+        with pytest.raises(InputRejected, match="seed"):
+            await run(engine, prompt(50, 44), "bad-seed", max_tokens=5, temperature=0.8,
+                      seed=2**64)
+        for chunks, fin in await asyncio.gather(*streams):
+            assert fin.finish_reason == "length" and fin.usage.completion_tokens == 60
+            assert sum(len(c.token_ids) for c in chunks) == 60
         await engine.check_health()
