@@ -213,6 +213,12 @@ class PromptCacheConfig(_Strict):
     offload: bool = Field(True, description="Render and tokenize in a thread pool, off the "
                           "event loop, so a long cold prompt never stalls other streams.")
     threads: int = Field(2, ge=1, le=64, description="Threads of that pool.")
+    redis: bool | None = Field(
+        None, description="A second level shared by all router replicas: token ids of "
+        "prompt prefixes in index.redis_url, so a session new to a replica (a restart, "
+        "scale-out) tokenizes only what Redis lacks. None: on when index.redis_url is set.")
+    redis_ttl_s: float = Field(3600.0, gt=0, description="How long Redis keeps an entry "
+                               "after it was written or last read.")
 
 
 class RouterConfig(_Strict):

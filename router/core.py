@@ -31,7 +31,6 @@ from router.dispatch import Dispatcher, Started
 from router.errors import ApiError
 from router.generation import Generation
 from router.load import LoadTracker
-from router.prompt_cache import with_env
 from router.ratelimit import RateLimiter
 from router.selection import (
     RouteRequest,
@@ -40,6 +39,7 @@ from router.selection import (
     request_context,
 )
 from router.tokenization import ChatTokenizer
+from router.tokenize_setup import with_redis
 from router.views import replica_view
 from workers.protocol import Final, SamplingParams, Usage, WorkerMessage, WorkRequest
 
@@ -51,7 +51,7 @@ class RouterCore:
     def __init__(self, config: KvrouteConfig, handles: Mapping[str, DeploymentHandle]) -> None:
         self.config = config
         self.models: dict[str, ModelConfig] = {m.name: m for m in config.models}
-        cache = with_env(config.router.prompt_cache)
+        cache = with_redis(config.router.prompt_cache, config.index)
         self.tokenizers = {m.name: ChatTokenizer(m.model_path, cache) for m in config.models}
         check_shared_tokenizers(config, self.tokenizers)
         self._salts = {m.name: model_salt(m.name) for m in config.models}

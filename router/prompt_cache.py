@@ -38,30 +38,30 @@ Lookup: children are keyed by the segment's exact text (a dict: hash, then equal
 a template that rewrites an earlier turn (e.g. drops past reasoning) falls back at the
 first segment that differs. Whole new segments are encoded in one ``encode_batch_fast``
 call, which the ``tokenizers`` library runs in parallel with the GIL released.
+
+Second level (``router.token_store``, when ``index.redis_url`` is set): a long prompt whose
+uncached part is at least ``min_lookup_chars`` (16k) asks Redis for the segments that follow its
+local prefix (one MGET by chained segment digests), keeps those whose text matches, and
+queues what it tokenized (and earlier segments not yet in Redis) for a background write.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 import re
 import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from tokenizers import Tokenizer
 
 from deploy.config import PromptCacheConfig
+from router import token_store as ts
 
-__all__ = ["IncrementalEncoder", "PromptCacheConfig", "TokenIds", "boundary_tokens", "off_loop",
-           "with_env"]
-
-T = TypeVar("T")
+__all__ = ["IncrementalEncoder", "PromptCacheConfig", "TokenIds", "boundary_tokens"]
 
 _PIECE_LOCAL = {
     "normalizer": {"NFC", "NFD", "NFKC", "NFKD", "Lowercase", "Strip", "StripAccents",
@@ -76,24 +76,6 @@ _PROBES = ("", " a", "  x", "\n", "\n\nfoo bar", "hello", "Hello world", "123 45
            "é", "\t\t", " ", "'s", "<|", "日本語", "\U0001F600 ok")
 # Per cached token: a list slot (ints are interned); per segment: the node and its dict slot.
 _ID_BYTES, _NODE_BYTES = 8, 400
-
-
-def with_env(config: PromptCacheConfig | None = None) -> PromptCacheConfig:
-    """``config`` (default: the schema's defaults) with the environment's overrides, which
-    benchmarks use to compare with the cache off: ``KVROUTE_PROMPT_CACHE=0``,
-    ``KVROUTE_PROMPT_CACHE_MB``, ``KVROUTE_TOKENIZE_OFFLOAD=0``, ``KVROUTE_TOKENIZE_THREADS``."""
-    config = config or PromptCacheConfig()
-    env, off = os.environ, ("0", "false", "off", "no")
-    update: dict[str, Any] = {}
-    if "KVROUTE_PROMPT_CACHE" in env:
-        update["enabled"] = env["KVROUTE_PROMPT_CACHE"].lower() not in off
-    if "KVROUTE_PROMPT_CACHE_MB" in env:
-        update["max_bytes"] = int(env["KVROUTE_PROMPT_CACHE_MB"]) << 20
-    if "KVROUTE_TOKENIZE_OFFLOAD" in env:
-        update["offload"] = env["KVROUTE_TOKENIZE_OFFLOAD"].lower() not in off
-    if "KVROUTE_TOKENIZE_THREADS" in env:
-        update["threads"] = int(env["KVROUTE_TOKENIZE_THREADS"])
-    return config.model_copy(update=update) if update else config
 
 
 class TokenIds(list[int]):
@@ -189,6 +171,8 @@ class _Node:
     end: int  # tokens from the prompt's start to this segment's end
     size: int = 0
     alive: bool = True
+    digest: bytes = b""  # the chained digest of the text up to here (second level only)
+    stored: int = 0  # in Redis? 0: no, 1: queued, 2: written
     children: dict[str, _Node] = field(default_factory=dict)
     hashes: dict[tuple[int, int], list[int]] = field(default_factory=dict)
 
@@ -226,14 +210,17 @@ class IncrementalEncoder:
     the cached ids of the longest prefix of ``text`` that ends at a boundary. Thread-safe;
     the lock is held only to walk and update the trie, never while tokenizing."""
 
-    def __init__(self, tok: Tokenizer, boundaries: Sequence[str], max_bytes: int) -> None:
+    def __init__(self, tok: Tokenizer, boundaries: Sequence[str], max_bytes: int,
+                 store: ts.TokenStore | None = None, fingerprint: str = "") -> None:
         self._tok = tok
         self.boundaries = tuple(boundaries)
         self.max_bytes = max_bytes
         self._cut = (re.compile("|".join(map(re.escape, sorted(boundaries, key=len)[::-1])))
                      if boundaries and max_bytes > 0 else None)
         self._ints = list(range(tok.get_vocab_size(with_added_tokens=True)))
-        self._root = _Node(None, "", [], 0)
+        self._root = _Node(None, "", [], 0, digest=ts.chain_seed(fingerprint, self.boundaries))
+        self.store = store if self._cut is not None else None
+        self.remote_tokens = 0
         self._lru: OrderedDict[_Node, None] = OrderedDict()
         self._lock = threading.Lock()
         self.bytes = 0
@@ -255,21 +242,65 @@ class IncrementalEncoder:
         if bounds[-1] != len(text):
             bounds.append(len(text))
         pieces = [text[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
-        encoded = [e.ids for e in self._tok.encode_batch_fast(pieces, add_special_tokens=False)]
         n_whole = len(cuts) - len(path)  # pieces that end at a boundary: cacheable
-        fresh = [list(map(self._ints.__getitem__, ids)) for ids in encoded[:n_whole]]
+        digests = (ts.chain((path[-1] if path else self._root).digest, pieces[:n_whole])
+                   if self.store is not None else [])
+        remote = self._remote(pieces[:n_whole], digests)
+        segs = self._tokenize(pieces, remote)
         with self._lock:
-            nodes = self._insert(path, pieces[:n_whole], fresh)
+            nodes = self._insert(path, pieces[:n_whole], segs[:n_whole], digests, remote)
         out = TokenIds()
         for node in path:
             out.extend(node.ids)
-        hit = len(out)
-        for ids in encoded:
+        hit, got = len(out), sum(len(r) for r in remote if r is not None)
+        for ids in segs:
             out.extend(ids)
         self.hit_tokens += hit  # approximate under threads: statistics only
-        self.new_tokens += len(out) - hit
+        self.remote_tokens += got
+        self.new_tokens += len(out) - hit - got
         out.hash_memo = _Memo(path + nodes)
+        if self.store is not None:
+            self._publish(path + nodes)
         return out
+
+    def _remote(self, pieces: list[str], digests: list[bytes]) -> list[list[int] | None]:
+        """The second level's ids for each of ``pieces`` (whole segments after the local
+        prefix) it holds, when they are long enough to be worth a round trip."""
+        if self.store is None or sum(map(len, pieces)) < self.store.min_lookup_chars:
+            return [None] * len(pieces)
+        got, used = ts.cover(pieces, self.store.fetch(digests))
+        if used:
+            self.store.touch([digests[j] for j in used])
+        return [None if ids is None else list(map(self._ints.__getitem__, ids)) for ids in got]
+
+    def _tokenize(self, pieces: list[str], remote: list[list[int] | None]) -> list[list[int]]:
+        """Each piece's ids: the remote ones as given, the others in one batch (the whole
+        segments' ids interned, as the cache keeps them)."""
+        segs: list[list[int]] = [r or [] for r in remote] + [[]] * (len(pieces) - len(remote))
+        todo = [i for i in range(len(pieces)) if i >= len(remote) or remote[i] is None]
+        if todo:
+            batch = self._tok.encode_batch_fast([pieces[i] for i in todo],
+                                                add_special_tokens=False)
+            for i, e in zip(todo, batch, strict=True):
+                segs[i] = list(map(self._ints.__getitem__, e.ids)) if i < len(remote) else e.ids
+        return segs
+
+    def _publish(self, nodes: list[_Node]) -> None:
+        """Queue the runs of ``nodes`` that Redis does not have yet (fire-and-forget)."""
+        assert self.store is not None
+        runs: list[list[_Node]] = []
+        with self._lock:
+            last = -2
+            for i, node in enumerate(nodes):
+                if node.stored:
+                    continue
+                node.stored = 1
+                if i != last + 1:
+                    runs.append([])
+                runs[-1].append(node)
+                last = i
+        if runs:
+            self.store.put(runs)
 
     def _whole(self, text: str) -> TokenIds:
         out = TokenIds(self._tok.encode_batch_fast([text], add_special_tokens=False)[0].ids)
@@ -288,16 +319,18 @@ class IncrementalEncoder:
         self._touch(path)
         return path
 
-    def _insert(self, path: list[_Node], pieces: list[str], ids: list[list[int]]
-                ) -> list[_Node]:
+    def _insert(self, path: list[_Node], pieces: list[str], ids: list[list[int]],
+                digests: list[bytes], remote: list[list[int] | None]) -> list[_Node]:
         parent = path[-1] if path else self._root
         if not parent.alive:  # evicted while we tokenized
             return []
         added: list[_Node] = []
-        for text, seg in zip(pieces, ids, strict=True):
+        for i, (text, seg) in enumerate(zip(pieces, ids, strict=True)):
             node = parent.children.get(text)
             if node is None:
-                node = _Node(parent, text, seg, parent.end + len(seg))
+                node = _Node(parent, text, seg, parent.end + len(seg),
+                             digest=digests[i] if digests else b"",
+                             stored=0 if remote[i] is None else 2)
                 node.size = sys.getsizeof(text) + _ID_BYTES * len(seg) + _NODE_BYTES
                 if node.size > self.max_bytes:
                     break
@@ -326,28 +359,5 @@ class IncrementalEncoder:
             self.bytes -= node.size
 
     def stats(self) -> dict[str, int]:
-        return {"bytes": self.bytes, "segments": len(self._lru),
-                "hit_tokens": self.hit_tokens, "new_tokens": self.new_tokens}
-
-
-# -- off the event loop -------------------------------------------------------------------
-_POOL: ThreadPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
-
-
-def tokenize_pool(threads: int) -> ThreadPoolExecutor:
-    """The process's bounded pool for rendering, tokenizing and hashing prompts (the
-    ``tokenizers`` library releases the GIL while it encodes)."""
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kvroute-tok")
-        return _POOL
-
-
-async def off_loop(config: PromptCacheConfig, fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)`` in the tokenize pool, or inline when offloading is off."""
-    if not config.offload:
-        return fn(*args)
-    return await asyncio.get_running_loop().run_in_executor(
-        tokenize_pool(config.threads), fn, *args)
+        return {"bytes": self.bytes, "segments": len(self._lru), "hit_tokens": self.hit_tokens,
+                "remote_tokens": self.remote_tokens, "new_tokens": self.new_tokens}

@@ -5,7 +5,8 @@ a sandbox, the way transformers' ``apply_chat_template`` does, then encodes with
 the fast ``tokenizers`` library. Only token ids travel on to the workers.
 
 ``encode`` reuses the ids of the longest cached prefix that ends at an exact boundary
-(``router.prompt_cache``); ``encode_chat`` / ``aencode`` do the work in a bounded thread
+(``router.prompt_cache``; shared between router replicas in Redis by ``router.token_store``
+when the index has a Redis URL); ``encode_chat`` / ``aencode`` do the work in a bounded thread
 pool, off the event loop.
 """
 
@@ -22,13 +23,8 @@ from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
-from router.prompt_cache import (
-    IncrementalEncoder,
-    PromptCacheConfig,
-    boundary_tokens,
-    off_loop,
-    with_env,
-)
+from router.prompt_cache import IncrementalEncoder, PromptCacheConfig, boundary_tokens
+from router.tokenize_setup import TokenCache, off_loop, with_env
 
 # Conversations rendered once at load, to see which added tokens the template emits.
 _PROBE_CHATS: tuple[list[dict[str, Any]], ...] = (
@@ -79,7 +75,8 @@ def _rough_chars(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | N
 
 
 class ChatTokenizer:
-    def __init__(self, model_path: str, cache: PromptCacheConfig | None = None) -> None:
+    def __init__(self, model_path: str, cache: PromptCacheConfig | TokenCache | None = None
+                 ) -> None:
         folder = resolve_model_dir(model_path)
         self._tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
         cfg = json.loads((folder / "tokenizer_config.json").read_text())
@@ -103,10 +100,11 @@ class ChatTokenizer:
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         self.vocab_fingerprint = hashlib.sha256(
             (folder / "tokenizer.json").read_bytes()).hexdigest()
-        self.cache_config = cache or with_env()
+        setup = cache if isinstance(cache, TokenCache) else TokenCache(cache or with_env())
+        self.cache_config = setup.config
         self.prompt_cache = IncrementalEncoder(
             self._tok, self._boundaries() if self.cache_config.enabled else (),
-            self.cache_config.max_bytes)
+            self.cache_config.max_bytes, setup.store, self.vocab_fingerprint)
 
     def _boundaries(self) -> tuple[str, ...]:
         rendered = []
