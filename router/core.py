@@ -108,8 +108,11 @@ class RouterCore:
         return self.tokenizers[next(iter(self.resolve(name)))]
 
     def replica_stats(self) -> dict[str, list[dict[str, Any]]]:
+        """Each replica's own report, plus ``router_ongoing``: the requests this router
+        replica has on it now (its load view: tickets begun and not yet ended)."""
         return {
-            name: [{"replica": i.replica, "max_ongoing_requests": i.max_ongoing_requests, **i.stats}
+            name: [{"replica": i.replica, "max_ongoing_requests": i.max_ongoing_requests,
+                    **i.stats, "router_ongoing": self.loads.get(name, i.replica).ongoing}
                    for i in replica_view(name)]
             for name in self.models
         }
