@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
+from typing import Any
 
 from router.context import Candidate, RequestContext
 from router.plugins.power_of_two_picker import rank_first
@@ -130,9 +131,12 @@ def least_loaded(cands: list[Candidate]) -> Candidate:
 
 class TreePicker:
     """The shell both tree-based baselines share: trim the tree, choose one replica, rank it
-    first, learn the choice. Subclasses set ``tree`` and implement ``_choose``."""
+    first, learn the choice. Subclasses implement ``_choose``; their params carry the tree's
+    ``max_blocks`` and ``trim_interval_s``."""
 
-    tree: ApproxPrefixTree
+    def __init__(self, params: Any) -> None:
+        self.params = params
+        self.tree = ApproxPrefixTree(params.max_blocks, params.trim_interval_s)
 
     def pick(self, ctx: RequestContext, totals: list[float]) -> list[Candidate]:
         cands = ctx.candidates

@@ -47,8 +47,7 @@ class RayPrefixAffinityPicker(at.TreePicker):
     Params = RayParams
 
     def __init__(self, params: RayParams) -> None:
-        self.params = params
-        self.tree = at.ApproxPrefixTree(params.max_blocks, params.trim_interval_s)
+        super().__init__(params)
         self._rng = random.Random(params.seed)
 
     def _choose(self, ctx: RequestContext, cands: list[Candidate]) -> Candidate:

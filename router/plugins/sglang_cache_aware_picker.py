@@ -45,9 +45,6 @@ class SglangParams(BaseModel):
 class SglangCacheAwarePicker(at.TreePicker):
     Params = SglangParams
 
-    def __init__(self, params: SglangParams) -> None:
-        self.params = params
-        self.tree = at.ApproxPrefixTree(params.max_blocks, params.trim_interval_s)
 
     def _choose(self, ctx: RequestContext, cands: list[Candidate]) -> Candidate:
         p = self.params
