@@ -123,6 +123,9 @@ def _router_args(r: argparse.ArgumentParser) -> None:
     r.add_argument("--out", type=Path, help="write the JSON here")
     r.add_argument("--markdown", type=Path, help="also write the tables as markdown here")
     r.add_argument("--quiet", action="store_true")
+    from ops.bench import router_scenarios
+
+    router_scenarios.add_arguments(r)
     r.set_defaults(func=cmd_router)
 
 
@@ -130,24 +133,29 @@ def cmd_router(args: argparse.Namespace) -> int:
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     os.environ.setdefault("RAY_SERVE_LOG_TO_STDERR", "0")
     from ops.bench import router_bench as rb
+    from ops.bench import router_scenarios
     from ops.tiny_model import ensure_model
 
-    spec = rb.quick(rb.RouterBenchSpec()) if args.quick else rb.RouterBenchSpec()
-    upd: dict[str, Any] = {k: getattr(args, k) for k in ("repeats", "turns", "cold")
-                           if getattr(args, k) is not None}
-    if args.lengths:
-        upd["lengths"] = tuple(int(x) for x in args.lengths.split(","))
-    upd["modes"] = tuple(m for m in args.modes.split(",") if m in rb.MODES)
-    spec = replace(spec, **upd)
-    result = rb.run(spec, args.model_path or str(ensure_model()), show=not args.quiet)
+    model = args.model_path or str(ensure_model())
+    if args.move or args.agent:  # their own figures instead of the prompt-length table
+        result, text = router_scenarios.cli(args, model)
+    else:
+        spec = rb.quick(rb.RouterBenchSpec()) if args.quick else rb.RouterBenchSpec()
+        upd: dict[str, Any] = {k: getattr(args, k) for k in ("repeats", "turns", "cold")
+                               if getattr(args, k) is not None}
+        if args.lengths:
+            upd["lengths"] = tuple(int(x) for x in args.lengths.split(","))
+        upd["modes"] = tuple(m for m in args.modes.split(",") if m in rb.MODES)
+        result = rb.run(replace(spec, **upd), model, show=not args.quiet)
+        text = rb.markdown(result)
     result["command"] = "kvroute bench " + shlex.join(sys.argv[sys.argv.index("router"):]) \
         if "router" in sys.argv else "kvroute bench router"
-    print(rb.markdown(result))
+    print(text)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2) + "\n")
     if args.markdown:
-        args.markdown.write_text(rb.markdown(result))
+        args.markdown.write_text(text)
     return 0
 
 

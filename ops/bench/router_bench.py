@@ -111,14 +111,19 @@ class Prompts:
 
 
 def router_process() -> psutil.Process:
-    """The newest kvroute router replica process on this machine (a previous mode's may
+    """The newest kvroute router replica process of the Ray this process started (its
+    descendants: other local clusters' routers are not ours; a previous mode's router may
     still be exiting)."""
-    found = [p for p in psutil.process_iter(["cmdline", "create_time"])
-             if any("ServeReplica:kvroute:kvroute-router" in part
-                    for part in p.info["cmdline"] or [])]
+    found = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if any("ServeReplica:kvroute:kvroute-router" in part for part in p.cmdline()):
+                found.append(p)
+        except psutil.Error:
+            continue
     if not found:
         raise RuntimeError("no router replica process found")
-    return max(found, key=lambda p: p.info["create_time"])
+    return max(found, key=lambda p: p.create_time())
 
 
 def _cpu(proc: psutil.Process) -> float:

@@ -1,0 +1,48 @@
+"""``kvroute bench router --move`` on a real redis-server (a short session), and the
+``--agent`` table from a result. Figures are printed by the bench, not asserted here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ops.bench.router_scenarios import MOVE_CASES, agent_markdown, move_markdown, run_move
+from tests.stacks import redis_url
+
+
+def test_move_reads_the_session_from_redis(tiny_model_dir: Path, stack_redis: Any) -> None:
+    result = run_move(str(tiny_model_dir), sessions=1, length=24000, turns=4,
+                      redis_url=redis_url(stack_redis), show=False)
+    table = {r["case"]: r for r in result["move"]["table"]}
+    assert list(table) == list(MOVE_CASES)
+    tokens = table["cache off"]["tokens"]
+    assert 18000 < tokens < 30000
+    assert table["cache off"]["tokenized_p50"] == tokens
+    assert table["local only"]["tokenized_p50"] == tokens  # a new replica: nothing local
+    moved = table["local + Redis"]
+    assert moved["from_redis_p50"] > 0.9 * tokens
+    assert moved["tokenized_p50"] + moved["from_redis_p50"] == tokens
+    assert table["same replica"]["tokenized_p50"] == moved["tokenized_p50"]
+    assert "| local + Redis |" in move_markdown(result)
+
+
+def test_agent_table() -> None:
+    modes = [{"mode": m, "requests": 100, "prompt_tokens_mean": 20000.0,
+              "cpu_ms_per_request": cpu, "ttft_ms_p50": 50.0}
+             for m, cpu in (("before", 40.0), ("after", 8.0))]
+    text = agent_markdown({"agent": {"modes": modes, "after_over_before": 0.2}})
+    assert "| before | 100 | 20,000 | 40.0 |" in text
+    assert "0.20x" in text
+
+
+def test_capped_agent_workload_keeps_the_sessions() -> None:
+    from ops.bench.router_scenarios import _Capped
+    from ops.bench.workloads import AgentParams, AgentWorkload, flatten
+
+    params = AgentParams(seed=2, subagent_prob=0.5)
+    plain = flatten(AgentWorkload(params, salt="s").session(0))
+    capped = flatten(_Capped(params, "s", 1).session(0))
+    assert [c.request.key for c in capped] == [c.request.key for c in plain]
+    assert all(c.request.body["max_tokens"] == 1 for c in capped)
+    assert [c.request.body["messages"] for c in capped] == \
+        [c.request.body["messages"] for c in plain]
