@@ -14,6 +14,7 @@ import logging
 import os
 import threading
 from collections.abc import Mapping
+from typing import Any
 
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
@@ -78,12 +79,28 @@ def _make_provider(service_name: str) -> object:
             OTLPSpanExporter,
         )
     name = os.environ.get("OTEL_SERVICE_NAME", service_name)
-    provider = TracerProvider(resource=Resource.create({"service.name": name}))
+    provider = TracerProvider(resource=Resource.create({"service.name": name}),
+                              sampler=sampler_from_env())
     provider.add_span_processor(BatchSpanProcessor(
         OTLPSpanExporter(timeout=2), max_queue_size=4096, schedule_delay_millis=500,
         export_timeout_millis=2000,
     ))
     return provider
+
+
+def sampler_from_env() -> Any:
+    """``OTEL_TRACES_SAMPLER``, except that a parent-based sampler never lets a *remote*
+    parent's sampled flag decide: a client could otherwise force every request it sends
+    into the traces (review finding 15). The root sampler decides for remote parents too;
+    ratio sampling is a pure function of the trace id, so router and workers still agree."""
+    from opentelemetry.sdk.trace import sampling
+
+    base = sampling._get_from_env_or_default()  # noqa: SLF001 - the SDK's own env parsing
+    if not isinstance(base, sampling.ParentBased):
+        return base
+    root = base._root  # noqa: SLF001
+    return sampling.ParentBased(root, remote_parent_sampled=root,
+                                remote_parent_not_sampled=root)
 
 
 def shutdown_tracing() -> None:

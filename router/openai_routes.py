@@ -61,6 +61,7 @@ async def completions(core: RouterCore, request: Request) -> Response:
         ids = await tok.aencode(req.prompt)
     else:
         ids = list(req.prompt)
+        hu.output_budget(core, req.model, len(ids), req.output_limit())  # 413 before the scan
         if any(t < 0 or t >= tok.vocab_size for t in ids):
             raise ApiError(400, f"prompt token ids must lie in [0, {tok.vocab_size})",
                            "invalid_token_ids", "prompt")

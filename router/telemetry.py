@@ -73,6 +73,15 @@ def _finish(info: RequestInfo, status: int) -> None:
             metrics.TPOT.labels(info.model).observe(tpot)
 
 
+API_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses",
+                        "/v1/messages", "/v1/messages/count_tokens", "/v1/models"})
+
+
+def span_name(method: str, path: str) -> str:
+    """The route, never the raw path: clients must not mint span names (review finding 15)."""
+    return f"{method} {path if path in API_ROUTES else '/v1/{unknown}'}"
+
+
 class TelemetryMiddleware:
     """Pure ASGI, so it sees the end of streamed bodies."""
 
@@ -83,7 +92,8 @@ class TelemetryMiddleware:
         if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
             return await self.app(scope, receive, send)
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        span = TRACER.start_span(f"{scope['method']} {scope['path']}", context=extract(headers),
+        span = TRACER.start_span(span_name(scope["method"], scope["path"]),
+                                 context=extract(headers),
                                  kind=trace.SpanKind.SERVER)
         # Consumed here: inner instrumentation (FastAPI's own) then nests under our span
         # instead of starting a sibling from the same header.

@@ -22,3 +22,26 @@ def test_only_non_secret_otel_settings_reach_replicas(monkeypatch: pytest.Monkey
     assert not {"OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
                 "OTEL_SOMETHING_NEW"} & set(env)
     assert "s3cret" not in repr(env)
+
+
+@pytest.mark.parametrize(("sampler", "arg", "decision"), [
+    ("parentbased_traceidratio", "0.0", "DROP"),  # a client's sampled flag forces nothing
+    ("parentbased_always_off", None, "DROP"),
+    ("parentbased_always_on", None, "RECORD_AND_SAMPLE"),
+])
+def test_a_remote_sampled_flag_does_not_force_sampling(
+        monkeypatch: pytest.MonkeyPatch, sampler: str, arg: str | None, decision: str) -> None:
+    """Review finding 15: with ``parentbased_*`` samplers (the manifests'), the incoming
+    ``traceparent``'s sampled flag decided; now the root sampler does."""
+    from opentelemetry import trace
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+    from deploy.tracing import sampler_from_env
+
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", sampler)
+    if arg is not None:
+        monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", arg)
+    parent = SpanContext(0x1234, 0x5678, is_remote=True, trace_flags=TraceFlags(1))
+    ctx = trace.set_span_in_context(NonRecordingSpan(parent))
+    assert sampler_from_env().should_sample(ctx, 0x1234, "POST /v1/messages").decision.name \
+        == decision

@@ -41,3 +41,11 @@ def test_missing_field_of_a_block_is_named_with_its_block() -> None:
 def test_invalid_json_wins() -> None:
     message, code = _error(b'{"model": ')
     assert code == "invalid_json" and message.startswith("body is not valid JSON")
+
+
+def test_span_names_are_routes_never_raw_paths() -> None:
+    """Review finding 15: a client must not mint span names with the paths it sends."""
+    from router.telemetry import span_name
+
+    assert span_name("POST", "/v1/messages") == "POST /v1/messages"
+    assert span_name("GET", "/v1/x-" + "a" * 5000) == "GET /v1/{unknown}"

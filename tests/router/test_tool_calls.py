@@ -233,3 +233,23 @@ def test_openai_response_format(tiny_model_dir: Path) -> None:
             response_format={"type": "json_schema",
                              "json_schema": {"name": "A", "schema": schema, "strict": True}},
         )
+
+
+def test_token_id_prompts_meet_the_window_before_their_ids_are_scanned(
+        tiny_model_dir: Path) -> None:
+    """Review finding 13: an over-long token-id prompt is a 413 from its length alone,
+    before every id is range-checked (the last id here is out of range)."""
+    import asyncio
+
+    from router import openai_routes
+    from router.errors import ApiError
+    from tests.router.test_anthropic_api import _request
+
+    core = FakeCore(tiny_model_dir, context_window=4096)
+    req = _request({"model": "tiny", "prompt": [5] * 5000 + [10**9], "max_tokens": 4})
+    try:
+        asyncio.run(openai_routes.completions(core, req))  # type: ignore[arg-type]
+    except ApiError as e:
+        assert (e.status, e.code) == (413, "context_length_exceeded")
+    else:
+        raise AssertionError("no 413")
