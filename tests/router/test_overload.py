@@ -50,4 +50,7 @@ def test_overload_is_rejected_fast_and_recovers(stack: str) -> None:
     served = min(r[1] for r in ok)
     print(f"{len(ok)} served (fastest {served:.2f} s), {len(rejected)} rejected "
           f"(slowest rejection {worst_reject * 1e3:.0f} ms)")
+    # Rejected without waiting for capacity: every 503 is back before even the fastest
+    # served request (40 tokens at 50 ms) could finish, i.e. none was queued behind it.
+    assert worst_reject < served, (worst_reject, served)
     assert all(code == 200 for code, _, _ in asyncio.run(_burst(stack, 2)))  # recovered
