@@ -1,4 +1,4 @@
-"""Schemathesis against a real stack: generated requests on both APIs never get a 5xx.
+"""Schemathesis against a real stack (API keys on): generated requests on every API never get a 5xx.
 
 Real Ray Serve, one sim-engine replica. The schema is loaded from the live
 ``/openapi.json`` (``router.openapi.kvroute_openapi``: request bodies from the
@@ -39,11 +39,16 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from deploy.auth_config import ApiKeyConfig, AuthConfig
 from deploy.config import IndexConfig
+from router.auth import hash_key
 from tests.stacks import deployed, sim_model, stack_config
 
 pytestmark = pytest.mark.slow
 MODEL = "sim-model"
+# Keys on, as production runs (review: the suite ran open): every case carries one.
+KEY = "sk-kvr-schemathesis-key"
+AUTH = {"authorization": f"Bearer {KEY}"}
 EXAMPLES = int(os.environ.get("KVROUTE_SCHEMATHESIS_EXAMPLES", "50"))
 POSTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
          "/v1/messages/count_tokens")
@@ -55,14 +60,17 @@ OPERATIONS = [*(("POST", p) for p in POSTS), *(("GET", p) for p in GETS)]
 def url(ray_local: None, tiny_model_dir: Path, serve_port: int) -> Iterator[str]:
     model = sim_model(MODEL, tiny_model_dir, context_window=2048, default_max_tokens=8,
                       max_queued_requests=256, tpot_s=0.0002, prefill_tok_s=1e6)
-    with deployed(stack_config(serve_port, model, index=IndexConfig(redis_url=None))) as base:
+    auth = AuthConfig(api_keys=[ApiKeyConfig(name="schemathesis", key_sha256=hash_key(KEY))])
+    with deployed(stack_config(serve_port, model, index=IndexConfig(redis_url=None),
+                               auth=auth)) as base:
         yield base
 
 
 @pytest.fixture(scope="module")
 def api_schema(url: str) -> Any:
     """The live document, checked to be the complete one (request bodies included)."""
-    schema = schemathesis.openapi.from_url(f"{url}/openapi.json", wait_for_schema=30.0)
+    schema = schemathesis.openapi.from_url(f"{url}/openapi.json", wait_for_schema=30.0,
+                                           headers=AUTH)
     paths = schema.raw_schema["paths"]
     served = {(m.upper(), p) for p, ops in paths.items() for m in ops}
     assert served == set(OPERATIONS), f"update OPERATIONS: the app serves {sorted(served)}"
@@ -106,7 +114,7 @@ def test_api_never_answers_5xx(api_schema: Any, method: str, path: str, mode: st
     def run(case: Any, named: int) -> None:
         if named < 3 and isinstance(case.body, dict):  # mostly: reach templating, the engine
             case.body = {**case.body, "model": MODEL}
-        response = case.call(timeout=30)
+        response = case.call(headers=AUTH, timeout=30)
         statuses[response.status_code] += 1
         case.validate_response(response, checks=CHECKS, additional_checks=[api_error_shape])
 
