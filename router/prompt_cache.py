@@ -42,7 +42,8 @@ call, which the ``tokenizers`` library runs in parallel with the GIL released.
 Second level (``router.token_store``, when ``index.redis_url`` is set): a long prompt whose
 uncached part is at least ``min_lookup_chars`` (16k) asks Redis for the segments that follow its
 local prefix (one MGET by chained segment digests), keeps those whose text matches, and
-queues what it tokenized (and earlier segments not yet in Redis) for a background write.
+a prompt of at least that size queues what Redis lacks (its new segments, and earlier ones
+not yet written) for a background write.
 """
 
 from __future__ import annotations
@@ -259,8 +260,8 @@ class IncrementalEncoder:
         self.remote_tokens += got
         self.new_tokens += len(out) - hit - got
         out.hash_memo = _Memo(path + nodes)
-        if self.store is not None:
-            self._publish(path + nodes)
+        if self.store is not None and len(text) >= self.store.min_lookup_chars:
+            self._publish(path + nodes)  # shorter prompts' segments go with a longer one's
         return out
 
     def _remote(self, pieces: list[str], digests: list[bytes]) -> list[list[int] | None]:

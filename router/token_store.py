@@ -27,11 +27,14 @@ through a bounded queue to one thread (dropped when the queue is full or the cir
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import queue
 import struct
+import sys
 import threading
 import time
+from array import array
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -46,6 +49,7 @@ MIN_LOOKUP_CHARS = 16384  # below ~4k tokens (~5 ms cold) tokenizing beats a rou
 MAX_ENTRY_BYTES = 8 << 20  # one entry's bound; a longer run is split at segment cuts
 _MAGIC = b"KT1\0"
 _QUEUE = 256
+_U32 = next(c for c in "IL" if array(c).itemsize == 4)
 
 
 class Segment(Protocol):
@@ -76,7 +80,9 @@ def pack(texts: Sequence[str], ids: Sequence[Sequence[int]]) -> bytes:
     raw = [t.encode("utf-8", "surrogatepass") for t in texts]
     head = struct.pack(f"<I{2 * len(raw)}I", len(raw),
                        *(n for r, i in zip(raw, ids, strict=True) for n in (len(r), len(i))))
-    flat = np.fromiter((t for seg in ids for t in seg), dtype="<u4")
+    flat = array(_U32, itertools.chain.from_iterable(ids))
+    if sys.byteorder == "big":
+        flat.byteswap()  # stored little-endian
     return b"".join([_MAGIC, head, *raw, flat.tobytes()])
 
 
