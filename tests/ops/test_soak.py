@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from deploy.config import IndexConfig
+from deploy.config import IndexConfig, PromptCacheConfig, RouterConfig
 from tests.stacks import deployed, redis_url, sim_model, stack_config
 
 SOAK_S = float(os.environ.get("KVROUTE_SOAK_S", "180"))
@@ -49,7 +49,13 @@ def stack(ray_local: None, tiny_model_dir: Path, stack_redis: Any,
     index = redis_url(stack_redis)
     model = sim_model(MODEL, tiny_model_dir, replicas=2, context_window=8192,
                       tpot_s=0.005, prefill_tok_s=50000.0)
-    with deployed(stack_config(serve_port, model, index=IndexConfig(redis_url=index))) as url:
+    # The router's prompt cache is bounded (router.prompt_cache.max_bytes, 128 MiB by
+    # default) but fills for minutes with the soak's stream of new prompts: a small bound
+    # makes it full within the warm-up, so the fitted second half measures leaks, not a
+    # cache filling to its bound.
+    router = RouterConfig(prompt_cache=PromptCacheConfig(max_bytes=4 << 20))
+    cfg = stack_config(serve_port, model, index=IndexConfig(redis_url=index), router=router)
+    with deployed(cfg) as url:
         yield {"url": url, "redis_url": index}
 
 
