@@ -294,15 +294,19 @@ class TestEngine:
         input (InputRejected, a 400 the router does not retry); 3 streams running beside
         it finish all their tokens."""
         streams = [asyncio.ensure_future(run(engine, prompt(120, 40 + i), f"beside{i}",
-                                             max_tokens=60, ignore_eos=True,
+                                             max_tokens=400, ignore_eos=True,
                                              temperature=0.8, seed=7 + i))
                    for i in range(3)]
-        await asyncio.sleep(0.2)  # the three are under way
+        for _ in range(300):  # until all three are in the engine (start-up varies)
+            if engine.load().ongoing_requests == 3:
+                break
+            await asyncio.sleep(0.05)
         assert engine.load().ongoing_requests == 3
         with pytest.raises(InputRejected, match="seed"):
             await run(engine, prompt(50, 44), "bad-seed", max_tokens=5, temperature=0.8,
                       seed=2**64)
+        assert not any(s.done() for s in streams)  # refused while the three still ran
         for chunks, fin in await asyncio.gather(*streams):
-            assert fin.finish_reason == "length" and fin.usage.completion_tokens == 60
-            assert sum(len(c.token_ids) for c in chunks) == 60
+            assert fin.finish_reason == "length" and fin.usage.completion_tokens == 400
+            assert sum(len(c.token_ids) for c in chunks) == 400
         await engine.check_health()
