@@ -22,6 +22,7 @@ from deploy.config import IndexConfig, ModelConfig
 from deploy.tracing import setup_tracing, shutdown_tracing
 from workers.engines import make_engine
 from workers.protocol import (
+    AutoscalingStats,
     Chunk,
     Final,
     Finished,
@@ -63,6 +64,7 @@ class ModelWorker:
         self._node = ray.get_runtime_context().get_node_id()
         self._engine = make_engine(self._cfg, self._replica, idx.block_size)
         self._ids = itertools.count()  # engine request ids (_engine_id)
+        self._started = 0  # requests begun, for the autoscaler's work per request
         await self._engine.start()
         self._publisher: IndexPublisher | None = None
         if idx.redis_url:
@@ -82,6 +84,7 @@ class ModelWorker:
         """Stream one generation. ``kvroute_rank`` is consumed by the request router."""
         req = GenerateRequest(self._engine_id(request.request_id), request.token_ids,
                               request.sampling, request.cache_salt)
+        self._started += 1
         spans = GenerationSpans(request.trace, {
             "gen_ai.request.model": self._cfg.name, "kvroute.replica": self._replica,
             "gen_ai.usage.input_tokens": len(req.token_ids),
@@ -130,6 +133,10 @@ class ModelWorker:
 
     async def record_routing_stats(self) -> dict[str, Any]:
         return await self.load()
+
+    async def record_autoscaling_stats(self) -> dict[str, float]:
+        """Serve's custom autoscaling metrics (read by ``deploy.autoscale_policy``)."""
+        return AutoscalingStats.from_load(self._engine.load(), self._started).to_serve()
 
     async def check_health(self) -> None:
         await self._engine.check_health()

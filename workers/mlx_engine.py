@@ -134,6 +134,7 @@ class MlxEngine:
             remaining_prefill_exact=True,
             prefill_tokens_total=self._core.prefill_tokens_total,
             prefill_busy_s=self._core.prefill_busy_s,
+            decode_batch=sum(1 for j in jobs if j.prefill_left == 0),
         )
 
     async def check_health(self) -> None:

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from dataclasses import dataclass, field, fields
+from typing import ClassVar, Protocol, runtime_checkable
 
 from cache_service.events import CacheEvent
 
@@ -67,7 +67,9 @@ class LoadStats:
     """An engine's load, as its worker reports it in Serve's routing stats.
 
     ``queued_prefill_tokens`` is prompt tokens not yet prefilled, as well as the engine can
-    tell. ``remaining_prefill_exact`` says it is exactly the uncached tokens still to
+    tell. ``decode_batch`` is the sequences past prefill (decoding together);
+    ``prefill_tok_s`` the engine's own known prefill rate (0: unknown, the sim's is its
+    parameter). ``remaining_prefill_exact`` says it is exactly the uncached tokens still to
     prefill, the rest of the running prefill included: the router then trusts it over its
     own estimate (``router.context.build_candidate``). The cumulative counters (uncached
     tokens prefilled, seconds spent prefilling; 0 = not reported) let the router learn
@@ -80,7 +82,16 @@ class LoadStats:
     remaining_prefill_exact: bool = False
     prefill_tokens_total: int = 0
     prefill_busy_s: float = 0.0
+    decode_batch: int = 0
+    prefill_tok_s: float = 0.0
     taken_at: float = field(default_factory=time.time, compare=False)
+
+    def prefill_rate(self) -> float:
+        """Tokens/s: the lifetime average when counted, else the engine's own figure, else
+        ``FALLBACK_PREFILL_TOK_S`` (vLLM before it reports: its backlog is a bound anyway)."""
+        if self.prefill_busy_s > 0 and self.prefill_tokens_total > 0:
+            return self.prefill_tokens_total / self.prefill_busy_s
+        return self.prefill_tok_s if self.prefill_tok_s > 0 else FALLBACK_PREFILL_TOK_S
 
     def routing_stats(self) -> dict[str, float]:
         """The routing-stats keys the router reads (``router.context.build_candidate``)."""
@@ -96,6 +107,54 @@ class LoadStats:
             out["prefill_tokens_total"] = self.prefill_tokens_total
             out["prefill_busy_s"] = self.prefill_busy_s
         return out
+
+
+FALLBACK_PREFILL_TOK_S = 4000.0  # as the router's prior (RouterConfig.prefill_tokens_per_s)
+
+
+@dataclass(frozen=True, slots=True)
+class AutoscalingStats:
+    """What a worker reports to Serve's autoscaler (``record_autoscaling_stats``), read by
+    the kvroute policy (``deploy.autoscale_policy``). Serve carries a flat
+    ``dict[str, float]`` per replica; the key names live here only.
+
+    ``backlog_s``: seconds of prefill still to do (exact on sim and mlx, an upper bound on
+    vLLM). ``prefill_work_s``: cumulative prefill seconds this replica was given (done +
+    still queued), whose slope is the replica's offered prefill load. ``requests_total``:
+    cumulative requests started, for the mean prefill work per request.
+    """
+
+    backlog_s: float
+    prefill_work_s: float
+    requests_total: int
+    decode_batch: int
+    kv_usage: float
+
+    PREFIX: ClassVar[str] = "kvroute_"
+
+    @classmethod
+    def from_load(cls, load: LoadStats, requests_total: int) -> AutoscalingStats:
+        rate = load.prefill_rate()
+        backlog_s = load.queued_prefill_tokens / rate
+        done_s = load.prefill_busy_s if load.prefill_busy_s > 0 \
+            else load.prefill_tokens_total / rate
+        return cls(backlog_s, done_s + backlog_s, requests_total, load.decode_batch,
+                   load.kv_usage)
+
+    def to_serve(self) -> dict[str, float]:
+        return {self.PREFIX + f.name: float(getattr(self, f.name)) for f in fields(self)}
+
+    @classmethod
+    def from_serve(cls, values: dict[str, float]) -> AutoscalingStats | None:
+        """The stats from Serve's per-replica values; None if a key is missing (a replica
+        from before an upgrade, or one whose first report has not arrived)."""
+        try:
+            got = {f.name: values[cls.PREFIX + f.name] for f in fields(cls)}
+        except KeyError:
+            return None
+        got["requests_total"] = int(got["requests_total"])
+        got["decode_batch"] = int(got["decode_batch"])
+        return cls(**got)
 
 
 class EngineError(RuntimeError):

@@ -246,7 +246,8 @@ class SimCore:
             len(self._reqs), self._queued_tokens - done_tok, used / self.params.kv_blocks,
             remaining_prefill_exact=True,
             prefill_tokens_total=self._prefilled_tokens + done_tok,
-            prefill_busy_s=self._prefill_busy_s + done_s, taken_at=t,
+            prefill_busy_s=self._prefill_busy_s + done_s, decode_batch=self._decoding,
+            prefill_tok_s=self.params.prefill_tok_s, taken_at=t,
         )
 
     # -- internals -------------------------------------------------------------------

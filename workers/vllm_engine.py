@@ -225,7 +225,8 @@ def engine_args(
 
 
 def _usage_logger_factory(cell: list[float]) -> Any:
-    """A per-engine vLLM stat logger that keeps the last KV-cache usage in ``cell[0]``."""
+    """A per-engine vLLM stat logger that keeps the last KV-cache usage in ``cell[0]`` and
+    the running requests (decoding, or prefilling a chunk: a bound on the batch) in ``cell[1]``."""
     from vllm.v1.metrics.loggers import StatLoggerBase
 
     class _KvUsage(StatLoggerBase):
@@ -234,6 +235,7 @@ def _usage_logger_factory(cell: list[float]) -> Any:
         def record(self, scheduler_stats: Any, iteration_stats: Any, *a: Any, **k: Any) -> None:
             if scheduler_stats is not None:
                 cell[0] = float(scheduler_stats.kv_cache_usage)
+                cell[1] = float(scheduler_stats.num_running_reqs)
 
         def log_engine_initialized(self) -> None: ...
 
@@ -254,7 +256,7 @@ class VllmEngine:
         self._ctx: Any = None
         self._sub: Any = None
         self._sub_task: asyncio.Task[None] | None = None
-        self._kv_usage = [0.0]
+        self._kv_usage = [0.0, 0.0]
 
     async def start(self) -> None:
         try:
@@ -413,6 +415,7 @@ class VllmEngine:
             self._llm.get_num_unfinished_requests(),
             self._llm.get_num_queued_tokens(),
             min(1.0, max(0.0, self._kv_usage[0])),
+            decode_batch=int(self._kv_usage[1]),
         )
 
     async def check_health(self) -> None:

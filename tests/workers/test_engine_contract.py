@@ -245,6 +245,7 @@ async def test_concurrent_requests_complete_and_overlap(case: EngineCase) -> Non
     async with running(case) as engine:
         start = time.perf_counter()
         seen_ongoing: list[int] = []
+        seen_batch: list[int] = []  # sequences past prefill (vLLM: running, a bound)
 
         async def timed(i: int) -> tuple[float, float, Finished]:
             first = -1.0
@@ -252,6 +253,7 @@ async def test_concurrent_requests_complete_and_overlap(case: EngineCase) -> Non
                 if first < 0:
                     first = time.perf_counter() - start
                     seen_ongoing.append(engine.load().ongoing_requests)
+                    seen_batch.append(engine.load().decode_batch)
                 if isinstance(item, Finished):
                     return first, time.perf_counter() - start, item
             raise AssertionError("no Finished")
@@ -259,6 +261,7 @@ async def test_concurrent_requests_complete_and_overlap(case: EngineCase) -> Non
         results = await asyncio.gather(*(timed(i) for i in range(3)))
         assert all(f.usage.completion_tokens == 48 for _, _, f in results)
         assert max(seen_ongoing) == 3
+        assert all(0 <= b <= 3 for b in seen_batch)
         if case.overlaps:  # every request started before any finished
             assert max(r[0] for r in results) < min(r[1] for r in results)
         assert engine.load().ongoing_requests == 0

@@ -9,6 +9,7 @@ import pytest
 from cache_service.events import AllBlocksCleared, BlockRemoved, BlockStored, CacheEvent
 from cache_service.hashing import block_hashes, model_salt
 from workers.protocol import (
+    AutoscalingStats,
     Engine,
     EngineError,
     Finished,
@@ -299,6 +300,24 @@ def test_load_reports_remaining_prefill_and_counters() -> None:
     assert stats["prefill_busy_s"] == pytest.approx(2.1)
     assert LoadStats(1, 10, 0.0).routing_stats().keys() == {
         "ongoing_requests", "queued_prefill_tokens", "kv_usage", "stats_time"}
+
+
+def test_autoscaling_stats_are_exact_seconds_and_round_trip_through_serve() -> None:
+    core = SimCore(SimParams(prefill_tok_s=1000.0, tpot_s=0.01))
+    core.submit(SimRequest("a", [1, 2], 2000, 1000), 0.0)
+    core.submit(SimRequest("b", [5, 6], 500, 1000), 0.0)
+    stats = AutoscalingStats.from_load(core.load(0.5), requests_total=2)
+    # 1.5 s of a and 0.5 s of b left; 0.5 s done: 2.5 s of work given so far
+    assert stats.backlog_s == pytest.approx(2.0) and stats.prefill_work_s == pytest.approx(2.5)
+    assert (stats.decode_batch, stats.requests_total) == (0, 2)
+    drain(core, until=2.2)  # a decodes, b has 0.3 s of prefill left
+    later = AutoscalingStats.from_load(core.load(2.2), requests_total=2)
+    assert later.decode_batch == 1 and later.backlog_s == pytest.approx(0.3, abs=0.01)
+    assert later.prefill_work_s == pytest.approx(2.5, abs=0.01)  # no new work: flat
+    serve = later.to_serve()
+    assert all(k.startswith("kvroute_") for k in serve)
+    assert AutoscalingStats.from_serve(serve) == later
+    assert AutoscalingStats.from_serve({"kvroute_backlog_s": 1.0}) is None
 
 
 def test_params_from_kwargs() -> None:
