@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -70,6 +70,10 @@ class SimKwargs(_Strict):
 # vLLM takes its own engine arguments (passed through); kvroute sets these itself.
 VLLM_FORCED_ARGS = ("model", "enable_prefix_caching", "kv_events_config")
 
+# Checks the runtime adds for names only it knows (router.tool_parsers adds the tool-call
+# family check when imported), run on each model at load, so a typo fails before deploying.
+MODEL_CHECKS: list[Callable[[ModelConfig], object]] = []
+
 
 class ModelConfig(_Strict):
     name: str = Field(description="Name clients send as `model`; also the deployment name.")
@@ -107,6 +111,10 @@ class ModelConfig(_Strict):
     default_max_tokens: int = Field(
         1024, ge=1, description="Output limit when a request sets none (capped by context)."
     )
+    tool_parser: str | None = Field(
+        None, description="Tool-call family (router.tool_parsers, e.g. `qwen3-coder`); "
+        "None: detected from the model's chat template and special tokens.",
+    )
 
     @model_validator(mode="after")
     def _engine_kwargs(self) -> ModelConfig:
@@ -119,6 +127,8 @@ class ModelConfig(_Strict):
             SimKwargs.model_validate(kw)
         elif bad := sorted(set(kw) & set(VLLM_FORCED_ARGS)):
             raise ValueError(f"engine_kwargs may not set {bad}: the vllm engine sets them")
+        for check in MODEL_CHECKS:
+            check(self)
         return self
 
     def mlx_kwargs(self) -> MlxKwargs:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -49,7 +50,8 @@ async def messages(core: RouterCore, request: Request) -> Response:
     key = await hu.admit_caller(core, request)  # 401 / 429 before reading the body
     req = await hu.parse_body(request, MessagesRequest, hu.body_limits(core))
     tok = core.tokenizer(req.model)
-    ids = await hu.encode_prompt(tok, to_chat(req, tok.system_in_place))
+    prompt = to_chat(req, tok.system_in_place)
+    ids = await hu.encode_prompt(tok, prompt)
     budget, bound = hu.output_budget(core, req.model, len(ids), req.max_tokens, cut_to_fit=True)
     params = hu.sampling(
         budget, DEFAULT_TEMPERATURE if req.temperature is None else req.temperature,
@@ -61,7 +63,7 @@ async def messages(core: RouterCore, request: Request) -> Response:
     gen = await core.generate(req.model, ids, params, rid, hu.forwarded_headers(request),
                               session, api_key=key, has_tools=bool(req.tools))
     headers = {**hu.routing_headers(gen), "request-id": rid}
-    reply = _Reply(gen, req, _parser(core, req), bound)
+    reply = _Reply(gen, req, _parser(core, req, prompt.tools), bound)
     if req.stream:
         return hu.GenerationStream(reply.stream(), gen, headers)
     return JSONResponse(await reply.collect(), headers=headers)
@@ -75,16 +77,17 @@ async def count_tokens(core: RouterCore, request: Request) -> Response:
     return JSONResponse({"input_tokens": len(ids)})
 
 
-def _parser(core: RouterCore, req: MessagesRequest) -> tc.MarkerParser | None:
+def _parser(core: RouterCore, req: MessagesRequest, tools: list[dict[str, Any]] | None
+            ) -> tc.ToolParser | None:
     if not req.tools or (req.tool_choice and req.tool_choice.type == "none"):
         return None
-    return tc.make_parser(tc.family_for_model(core.primary(req.model).model_path))
+    return tc.parser_for(core.primary(req.model), tools)
 
 
 class _Reply:
     """One generation turned into an Anthropic message, whole or streamed."""
 
-    def __init__(self, gen: Generation, req: MessagesRequest, parser: tc.MarkerParser | None,
+    def __init__(self, gen: Generation, req: MessagesRequest, parser: tc.ToolParser | None,
                  context_bound: bool) -> None:
         self.gen, self.req, self.parser, self.bound = gen, req, parser, context_bound
         single = bool(req.tool_choice and req.tool_choice.disable_parallel_tool_use)

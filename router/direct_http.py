@@ -189,7 +189,9 @@ class DirectHttp:
                 text = self._tok.render(req.template_messages(), tools=req.template_tools())
             except TemplateRenderError as e:
                 raise ApiError(400, str(e), "invalid_messages", "messages") from None
-            parser = tc.make_parser(self._parser_family) if req.parses_tools() else None
+            parser = None
+            if req.parses_tools():
+                parser = tc.make_parser(self._parser_family, tc.schemas(req.template_tools()))
             return await self._serve(req, await self._encode(text), True, parser)
         except ApiError as e:
             return openai_error(e)
@@ -227,7 +229,7 @@ class DirectHttp:
             raise ApiError(404, f"model {model!r} does not exist", "model_not_found", "model")
 
     async def _serve(self, req: SamplingFields, ids: list[int], chat: bool,
-                     parser: tc.MarkerParser | None) -> Response:
+                     parser: tc.ToolParser | None) -> Response:
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         sampling = SamplingParams(
             max_tokens=req.output_limit() or DEFAULT_MAX_TOKENS,
@@ -292,7 +294,7 @@ class _Run:
     """One generation's wire messages → text / tool-call deltas, final message kept."""
 
     def __init__(self, gen: AsyncIterator[WorkerMessage], first: WorkerMessage,
-                 parser: tc.MarkerParser | None) -> None:
+                 parser: tc.ToolParser | None) -> None:
         self.gen, self.first, self.parser = gen, first, parser
         self.final: Final | None = None
         self.text: list[str] = []

@@ -48,7 +48,7 @@ async def chat_completions(core: RouterCore, request: Request) -> Response:
     ids = await hu.encode_prompt(tok, ChatPrompt(messages, req.template_tools()))
     parser = None
     if req.parses_tools():
-        parser = tc.make_parser(tc.family_for_model(core.primary(req.model).model_path))
+        parser = tc.parser_for(core.primary(req.model), req.template_tools())
     out = _Output(parser, single_call=req.parallel_tool_calls is False)
     return await _serve(core, request, req, ids, out, key)
 
@@ -73,7 +73,7 @@ async def completions(core: RouterCore, request: Request) -> Response:
 class _Output:
     """Chat output: text and parsed tool calls (``parser`` None: text only)."""
 
-    def __init__(self, parser: tc.MarkerParser | None, single_call: bool) -> None:
+    def __init__(self, parser: tc.ToolParser | None, single_call: bool) -> None:
         self.parser, self.single = parser, single_call
         self.text: list[str] = []
         self.calls: list[tc.ToolCall] = []

@@ -53,7 +53,7 @@ async def create(core: RouterCore, store: ResponseStore, request: Request) -> Re
                               has_tools=bool(req.tools))
     parser = None
     if catalog.refs and req.tool_choice != "none":
-        parser = tc.make_parser(tc.family_for_model(core.primary(req.model).model_path))
+        parser = tc.parser_for(core.primary(req.model), prompt.tools)
     out = Output(req, new_id("resp"), catalog, single_call=req.parallel_tool_calls is False)
     reply = _Reply(gen, out, parser, store if req.store else None, conversation)
     headers = hu.routing_headers(gen)
@@ -76,7 +76,7 @@ async def _history(store: ResponseStore, req: ResponsesRequest) -> Conversation:
 class _Reply:
     """One generation turned into a response, whole or streamed, then stored."""
 
-    def __init__(self, gen: Generation, out: Output, parser: tc.MarkerParser | None,
+    def __init__(self, gen: Generation, out: Output, parser: tc.ToolParser | None,
                  store: ResponseStore | None, conversation: Conversation) -> None:
         self.gen, self.out, self.parser = gen, out, parser
         self.store, self.conversation = store, conversation

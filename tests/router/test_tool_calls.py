@@ -94,13 +94,13 @@ def test_text_before_a_call_streams_before_the_call_completes() -> None:
     ("mistral", 'Sure.[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]ls[ARGS]{}',
      ["Sure.", ToolCall("get_weather", {"city": "Paris"}), ToolCall("ls", {})]),
     ("mistral", "[TOOL_CALLS]oops not json", ["[TOOL_CALLS]oops not json"]),
-    ("llama3_json", '{"name": "search", "parameters": {"query": "kv cache"}}',
+    ("llama3-json", '{"name": "search", "parameters": {"query": "kv cache"}}',
      [ToolCall("search", {"query": "kv cache"})]),
-    ("llama3_json", '<|python_tag|>{"name": "a", "parameters": {}}; {"name": "b", '
+    ("llama3-json", '<|python_tag|>{"name": "a", "parameters": {}}; {"name": "b", '
                     '"parameters": {"x": 1}}',
      [ToolCall("a", {}), ToolCall("b", {"x": 1})]),
-    ("llama3_json", "Hello {there}", ["Hello {there}"]),
-    ("llama3_json", '{"not": "a call"}', ['{"not": "a call"}']),
+    ("llama3-json", "Hello {there}", ["Hello {there}"]),
+    ("llama3-json", '{"not": "a call"}', ['{"not": "a call"}']),
 ])
 def test_other_families(family: str, text: str, expected: list[str | ToolCall]) -> None:
     check_all_splits(family, text, expected)
@@ -109,11 +109,11 @@ def test_other_families(family: str, text: str, expected: list[str | ToolCall]) 
 def test_detection_from_templates(tiny_model_dir: Path) -> None:
     assert family_for_model(str(tiny_model_dir)) == "hermes"
     assert detect_family("{{ '[TOOL_CALLS]' + tools|tojson }}") == "mistral"
-    assert detect_family("{{- '<|python_tag|>' }}") == "llama3_json"
+    assert detect_family("{{- '<|python_tag|>' }}") == "llama3-json"
     assert detect_family("{{ message.content }}") is None
     assert detect_family(None) is None
     assert make_parser(None) is None and make_parser("nope") is None
-    assert set(FAMILIES) >= {"hermes", "mistral", "llama3_json"}
+    assert set(FAMILIES) >= {"hermes", "mistral", "llama3-json"}
 
 
 def test_arguments_json_round_trips() -> None:
@@ -253,3 +253,21 @@ def test_token_id_prompts_meet_the_window_before_their_ids_are_scanned(
         assert (e.status, e.code) == (413, "context_length_exceeded")
     else:
         raise AssertionError("no 413")
+
+
+def test_tool_parser_is_checked_at_config_load_and_overrides_detection(
+        tiny_model_dir: Path) -> None:
+    from pydantic import ValidationError
+
+    from deploy.config import ModelConfig
+    from router.tool_calls import parser_for
+
+    with pytest.raises(ValidationError, match=r"tool_parser 'qwen9'.*known: \[.*'hermes'"):
+        ModelConfig(name="m", model_path=str(tiny_model_dir), tool_parser="qwen9")
+    forced = ModelConfig(name="m", model_path=str(tiny_model_dir), tool_parser="mistral")
+    parser = parser_for(forced, None)
+    assert parser is not None  # the tiny model's own template says hermes; config wins
+    assert parser.feed("[TOOL_CALLS]ls[ARGS]{}") == [] and parser.flush() == [ToolCall("ls", {})]
+    detected = parser_for(ModelConfig(name="m", model_path=str(tiny_model_dir)), None)
+    assert detected is not None and detected.flush() == []
+    assert detected.feed(QWEN_ONE) == [ToolCall("Read", {"file_path": "/repo/src/main.py"})]
