@@ -67,6 +67,13 @@ class SimKwargs(_Strict):
     script_path: str | None = Field(None, description="Scripted replies (workers/sim_script.py).")
 
 
+class VllmKvEvents(_Strict):
+    """Benchmark only: a sim replica's KV events in vLLM's ZMQ format (workers/vllm_events)."""
+
+    block_size: int = Field(16, ge=1, description="Block size of the events (tokens); must "
+                            "divide index.block_size. Give the peer router the same value.")
+
+
 # vLLM takes its own engine arguments (passed through); kvroute sets these itself.
 VLLM_FORCED_ARGS = ("model", "enable_prefix_caching", "kv_events_config")
 
@@ -115,6 +122,10 @@ class ModelConfig(_Strict):
         None, description="Tool-call family (router.tool_parsers, e.g. `qwen3-coder`); "
         "None: detected from the model's chat template and special tokens.",
     )
+    vllm_kv_events: VllmKvEvents | None = Field(
+        None, description="Benchmark only, sim engine: each replica also publishes its KV "
+        "events in vLLM's ZMQ format on 127.0.0.1 (for peer routers that index them).",
+    )
 
     @model_validator(mode="after")
     def _engine_kwargs(self) -> ModelConfig:
@@ -127,6 +138,8 @@ class ModelConfig(_Strict):
             SimKwargs.model_validate(kw)
         elif bad := sorted(set(kw) & set(VLLM_FORCED_ARGS)):
             raise ValueError(f"engine_kwargs may not set {bad}: the vllm engine sets them")
+        if self.vllm_kv_events is not None and self.engine != "sim":
+            raise ValueError("vllm_kv_events is only available with the sim engine")
         for check in MODEL_CHECKS:
             check(self)
         return self

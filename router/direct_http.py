@@ -155,6 +155,11 @@ class DirectHttp:
             Route("/server_info", self._server_info, methods=get),
             Route("/get_load", self._load, methods=get),
             Route("/flush_cache", self._health, methods=["POST", "GET"]),
+            # vllm-router tokenizes through its workers before routing (kv_aware)
+            Route("/v1/chat/completions/render", self._render_chat, methods=["POST"]),
+            Route("/v1/completions/render", self._render_completion, methods=["POST"]),
+            Route("/tokenize", self._tokenize, methods=["POST"]),
+            Route("/version", self._version, methods=get),
         ]
         return Starlette(routes=routes)
 
@@ -176,6 +181,9 @@ class DirectHttp:
                              "served_model_name": self.model, "dp_size": 1, "tp_size": 1,
                              "version": "kvroute-direct"})
 
+    async def _version(self, _: Request) -> Response:
+        return JSONResponse({"version": "kvroute-direct"})
+
     async def _load(self, _: Request) -> Response:
         return JSONResponse([{"dp_rank": 0, "num_reqs": self.ongoing, "num_waiting_reqs": 0}])
 
@@ -183,36 +191,73 @@ class DirectHttp:
     async def _chat(self, request: Request) -> Response:
         try:
             req = await _parse(request, ChatCompletionRequest)
-            self._check_model(req.model)
-            assert self._tok is not None
-            try:
-                text = self._tok.render(req.template_messages(), tools=req.template_tools())
-            except TemplateRenderError as e:
-                raise ApiError(400, str(e), "invalid_messages", "messages") from None
             parser = None
             if req.parses_tools():
                 parser = tc.make_parser(self._parser_family, tc.schemas(req.template_tools()))
-            return await self._serve(req, await self._encode(text), True, parser)
+            return await self._serve(req, await self._chat_ids(req), True, parser)
         except ApiError as e:
             return openai_error(e)
+
+    async def _chat_ids(self, req: ChatCompletionRequest) -> list[int]:
+        self._check_model(req.model)
+        assert self._tok is not None
+        try:
+            text = self._tok.render(req.template_messages(), tools=req.template_tools())
+        except TemplateRenderError as e:
+            raise ApiError(400, str(e), "invalid_messages", "messages") from None
+        return await self._encode(text)
 
     async def _completions(self, request: Request) -> Response:
         try:
             req = await _parse(request, CompletionRequest)
-            self._check_model(req.model)
-            assert self._tok is not None
-            if isinstance(req.prompt, str):
-                ids = await self._encode(req.prompt)
-            else:
-                ids = list(req.prompt)
-                if any(t < 0 or t >= self._tok.vocab_size for t in ids):
-                    raise ApiError(400, f"prompt token ids must lie in [0, "
-                                   f"{self._tok.vocab_size})", "invalid_token_ids", "prompt")
-            if not ids:
-                raise ApiError(400, "prompt is empty", "empty_prompt", "prompt")
-            return await self._serve(req, ids, False, None)
+            return await self._serve(req, await self._prompt_ids(req), False, None)
         except ApiError as e:
             return openai_error(e)
+
+    async def _prompt_ids(self, req: CompletionRequest) -> list[int]:
+        self._check_model(req.model)
+        assert self._tok is not None
+        if isinstance(req.prompt, str):
+            ids = await self._encode(req.prompt)
+        else:
+            ids = list(req.prompt)
+            if any(t < 0 or t >= self._tok.vocab_size for t in ids):
+                raise ApiError(400, f"prompt token ids must lie in [0, "
+                               f"{self._tok.vocab_size})", "invalid_token_ids", "prompt")
+        if not ids:
+            raise ApiError(400, "prompt is empty", "empty_prompt", "prompt")
+        return ids
+
+    # vLLM's render endpoints: the prompt's token ids, as the engine would get them.
+    async def _render_chat(self, request: Request) -> Response:
+        try:
+            req = await _parse(request, ChatCompletionRequest)
+            return JSONResponse({"token_ids": await self._chat_ids(req), "model": req.model})
+        except ApiError as e:
+            return openai_error(e)
+
+    async def _render_completion(self, request: Request) -> Response:
+        try:
+            req = await _parse(request, CompletionRequest)
+            return JSONResponse([{"token_ids": await self._prompt_ids(req), "model": req.model}])
+        except ApiError as e:
+            return openai_error(e)
+
+    async def _tokenize(self, request: Request) -> Response:
+        """vLLM's ``/tokenize``: ``prompt`` (text) or ``messages`` (a chat)."""
+        try:
+            body = json.loads(await request.body())
+            if isinstance(body, dict) and "messages" in body:
+                ids = await self._chat_ids(ChatCompletionRequest.model_validate(body))
+            elif isinstance(body, dict) and isinstance(body.get("prompt"), str):
+                ids = await self._encode(body["prompt"])
+            else:
+                raise ApiError(400, "give `prompt` (a string) or `messages`", "invalid_request")
+        except (json.JSONDecodeError, UnicodeDecodeError, ValidationError) as e:
+            return openai_error(ApiError(400, f"invalid body: {e}", "invalid_request"))
+        except ApiError as e:
+            return openai_error(e)
+        return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": None})
 
     async def _encode(self, text: str) -> list[int]:
         """``ChatTokenizer.encode`` (same file, same flags) off the event loop."""

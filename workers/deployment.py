@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import ray
 from ray import serve
@@ -33,7 +33,11 @@ from workers.protocol import (
     WorkRequest,
 )
 from workers.publisher import IndexPublisher
+from workers.sim_engine import SimEngine
 from workers.spans import GenerationSpans
+
+if TYPE_CHECKING:
+    from workers.vllm_events import VllmEventPublisher
 
 log = logging.getLogger(__name__)
 
@@ -72,11 +76,23 @@ class ModelWorker:
             self._publisher = IndexPublisher(self._engine, index, self._cfg.name, self._replica,
                                              idx.publish_flush_s, idx.heartbeat_s)
             self._publisher.start()
+        self._kv_events = self._vllm_events(idx.block_size)
         self._direct: DirectEndpoint | None = None
         if direct_http is not None:
             self._direct = direct_http(self._cfg.name, self._cfg.model_path, self.generate)
             await self._direct.start()
         log.info("worker %s/%s ready (%s)", self._cfg.name, self._replica, self._cfg.engine)
+
+    def _vllm_events(self, block_size: int) -> VllmEventPublisher | None:
+        """The vLLM-format event publisher (benchmarks of peer routers), if configured."""
+        opts = self._cfg.vllm_kv_events
+        if opts is None or not isinstance(self._engine, SimEngine):
+            return None
+        from workers.vllm_events import VllmEventPublisher
+
+        pub = VllmEventPublisher(block_size, opts.block_size)
+        self._engine.set_event_tap(pub)
+        return pub
 
     async def generate(
         self, request: WorkRequest, kvroute_rank: list[str] | None = None
@@ -128,6 +144,7 @@ class ModelWorker:
             "replica": self._replica,
             "node": self._node,
             "http": self._direct.address if self._direct else None,
+            "kv_events": self._kv_events.endpoint if self._kv_events else None,
             **stats.routing_stats(),
         }
 
@@ -147,4 +164,6 @@ class ModelWorker:
         if self._publisher is not None:
             await self._publisher.stop()
         await self._engine.shutdown()
+        if self._kv_events is not None:
+            self._kv_events.close()
         shutdown_tracing()

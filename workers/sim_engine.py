@@ -45,6 +45,7 @@ from workers.stops import StopMatcher
 
 if TYPE_CHECKING:  # only engines with a script pay for its tokenizer imports
     from workers.sim_script import SimScript
+    from workers.vllm_events import VllmEventPublisher
 
 __all__ = ["SimEngine", "SimParams", "token_text"]
 
@@ -93,6 +94,13 @@ class SimEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._closed = False
+        self._events: list[CacheEvent] = []
+        self._tap: VllmEventPublisher | None = None
+
+    def set_event_tap(self, tap: VllmEventPublisher) -> None:
+        """Also publish the cache events as they happen in vLLM's wire format (benchmarks
+        of peer routers, ``workers.vllm_events``), besides kvroute's own drain."""
+        self._tap = tap
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -107,9 +115,13 @@ class SimEngine:
             raise EngineError(f"request {rid!r} is already running")
         ids = np.asarray(request.token_ids, dtype="<u4")
         reply = self._script.reply_for(request.token_ids) if self._script else None
+        hashes = block_hashes(ids, self.params.block_size,
+                              tenant_salt(self._salt, request.cache_salt))
+        if self._tap is not None:
+            self._tap.note_prompt(ids, hashes)
         spec = SimRequest(
             rid,
-            block_hashes(ids, self.params.block_size, tenant_salt(self._salt, request.cache_salt)),
+            hashes,
             prompt_len=len(ids),
             max_tokens=sp.max_tokens,
             prompt_key=xxhash.xxh3_64_intdigest(ids.tobytes()),
@@ -141,7 +153,17 @@ class SimEngine:
             self._reschedule()
 
     def drain_cache_events(self) -> list[CacheEvent]:
-        return self._core.drain_events()
+        self._pull_events()
+        events, self._events = self._events, []
+        return events
+
+    def _pull_events(self) -> None:
+        """Take the core's new events: kept for ``drain_cache_events``, and published at
+        once to the tap (a peer router learns of a block when the engine stores it)."""
+        if events := self._core.drain_events():
+            self._events.extend(events)
+            if self._tap is not None:
+                self._tap.publish(events)
 
     def load(self) -> LoadStats:
         # The core's clock lags between events: measure the running prefill's progress now.
@@ -167,6 +189,7 @@ class SimEngine:
     def reset_cache(self) -> None:
         """Drop the prefix cache (emits AllBlocksCleared)."""
         self._core.clear()
+        self._pull_events()
 
     # -- driving the core in real time -------------------------------------------------
     def _now(self) -> float:
@@ -174,6 +197,7 @@ class SimEngine:
         return max(self._loop.time(), self._core.now)
 
     def _reschedule(self) -> None:
+        self._pull_events()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

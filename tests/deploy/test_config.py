@@ -56,3 +56,13 @@ def test_engine_kwargs_are_checked_per_engine_at_load(engine: str, kwargs: dict[
     ok = {"mlx": {"cache_bytes": 1 << 30}, "sim": {"tpot_s": 0.01, "script_path": "/s.json"},
           "vllm": {"gpu_memory_utilization": 0.5}}[engine]
     ModelConfig(name="m", engine=engine, model_path="/x", engine_kwargs=ok)
+
+
+def test_vllm_kv_events_only_with_the_sim_engine() -> None:
+    base = {"name": "m", "model_path": "/x"}
+    cfg = ModelConfig.model_validate({**base, "engine": "sim", "vllm_kv_events": {}})
+    assert cfg.vllm_kv_events is not None and cfg.vllm_kv_events.block_size == 16
+    with pytest.raises(ValidationError, match="only available with the sim engine"):
+        ModelConfig.model_validate({**base, "engine": "mlx", "vllm_kv_events": {}})
+    with pytest.raises(ValidationError):
+        ModelConfig.model_validate({**base, "engine": "sim", "vllm_kv_events": {"bs": 16}})

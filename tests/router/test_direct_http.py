@@ -185,3 +185,23 @@ async def test_stop_releases_the_port(tiny_model_dir: Path) -> None:
     async with httpx.AsyncClient() as c:
         with pytest.raises(httpx.ConnectError):
             await c.get(f"http://{address}/health")
+
+
+async def test_render_and_tokenize_give_the_engine_ids(tiny_model_dir: Path) -> None:
+    """vllm-router's kv_aware tokenizes through these before routing: they must give the
+    ids the engine would get for the same request."""
+    engine = FakeEngine()
+    messages = [{"role": "user", "content": "Read main.py"}]
+    chat = {"model": MODEL, "messages": messages, "tools": TOOLS, "max_tokens": 5}
+    async with serving(tiny_model_dir, engine) as c:
+        rendered = (await c.post("/v1/chat/completions/render", json=chat)).json()
+        tokenized = (await c.post("/tokenize", json=chat)).json()
+        await c.post("/v1/chat/completions", json=chat)
+        text = (await c.post("/v1/completions/render",
+                             json={"model": MODEL, "prompt": "hello there"})).json()
+        plain = (await c.post("/tokenize", json={"prompt": "hello there"})).json()
+        bad = await c.post("/tokenize", json={"nothing": 1})
+        assert (await c.get("/version")).status_code == 200
+    assert rendered["token_ids"] == tokenized["tokens"] == list(engine.requests[0].token_ids)
+    assert text[0]["token_ids"] == plain["tokens"] and plain["count"] == len(plain["tokens"]) > 0
+    assert bad.status_code == 400 and "error" in bad.json()
