@@ -6,15 +6,17 @@ whose ``args`` hold the same structure as the kvroute YAML.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import ray
 from ray import serve
 from ray.serve import Application
 from ray.serve.config import AutoscalingConfig as ServeAutoscaling
-from ray.serve.config import RequestRouterConfig
+from ray.serve.config import AutoscalingPolicy, RequestRouterConfig
 from ray.serve.schema import LoggingConfig
 
+from deploy.autoscale_serve import KvroutePolicy
 from deploy.config import AutoscalingConfig, IndexConfig, KvrouteConfig, ModelConfig
 from deploy.serve_env import replica_env
 from deploy.tracing import tracing_env
@@ -32,11 +34,19 @@ METRICS_DEPLOYMENT = "kvroute-metrics"
 def _scaling(fixed: int | None, a: AutoscalingConfig | None) -> dict[str, Any]:
     if a is None:
         return {"num_replicas": fixed}
-    return {"autoscaling_config": ServeAutoscaling(
-        min_replicas=a.min_replicas, max_replicas=a.max_replicas,
-        target_ongoing_requests=a.target_ongoing_requests,
-        upscale_delay_s=a.upscale_delay_s, downscale_delay_s=a.downscale_delay_s,
-    )}
+    policy = {}
+    if a.policy == "kvroute":
+        policy = {"policy": AutoscalingPolicy(policy_function=KvroutePolicy, policy_kwargs={
+            "ttft_target_s": a.ttft_target_s, "startup_s": a.startup_s})}
+    with warnings.catch_warnings():  # Serve deprecates metrics_interval_s for env vars
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return {"autoscaling_config": ServeAutoscaling(
+            min_replicas=a.min_replicas, max_replicas=a.max_replicas,
+            target_ongoing_requests=a.target_ongoing_requests,
+            upscale_delay_s=a.upscale_delay_s, downscale_delay_s=a.downscale_delay_s,
+            metrics_interval_s=a.metrics_interval_s, look_back_period_s=a.look_back_period_s,
+            **policy,
+        )}
 
 
 def _spread(max_per_node: int | None) -> dict[str, Any]:

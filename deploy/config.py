@@ -20,6 +20,7 @@ from deploy.auth_config import AuthConfig
 from deploy.routing import PipelineConfig, profile
 
 EngineName = Literal["mlx", "vllm", "sim"]
+AutoscalingPolicyName = Literal["serve-default", "kvroute"]
 # Tokens per prefix-index block (cache_service.hashing); why 64: docs/prefix-index.md.
 DEFAULT_BLOCK_SIZE = 64
 
@@ -36,11 +37,36 @@ class AutoscalingConfig(_Strict):
     )
     upscale_delay_s: float = Field(10.0, ge=0, description="How long load must stay high.")
     downscale_delay_s: float = Field(60.0, ge=0, description="How long load must stay low.")
+    policy: AutoscalingPolicyName = Field(
+        "serve-default", description="`serve-default`: Serve's policy on ongoing requests "
+        "per replica (target_ongoing_requests). `kvroute`: replicas for a TTFT objective, "
+        "from the workers' prefill backlog and offered prefill load "
+        "(deploy.autoscale_policy; docs/deploy.md).",
+    )
+    ttft_target_s: float = Field(
+        2.0, gt=0, description="`kvroute` policy: the time to first token to keep "
+        "requests under; it sizes the fleet so queueing plus own prefill stays below it.",
+    )
+    startup_s: float = Field(
+        10.0, gt=0, description="`kvroute` policy: a new replica's start-up time before one "
+        "is measured (then learned from replicas that start).",
+    )
+    metrics_interval_s: float = Field(
+        10.0, gt=0, description="How often replicas and handles push load to Serve's "
+        "autoscaler (Serve's metrics_interval_s; the kvroute policy wants ~1 s).",
+    )
+    look_back_period_s: float = Field(
+        30.0, gt=0, description="Window Serve keeps (and averages, for serve-default) load "
+        "reports over; the kvroute policy reads arrival rates over it. Must exceed "
+        "metrics_interval_s.",
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> AutoscalingConfig:
         if self.min_replicas > self.max_replicas:
             raise ValueError("min_replicas must be <= max_replicas")
+        if self.look_back_period_s <= self.metrics_interval_s:
+            raise ValueError("look_back_period_s must be > metrics_interval_s")
         return self
 
 
@@ -287,6 +313,14 @@ class RouterConfig(_Strict):
     @classmethod
     def _known_policy(cls, v: str) -> str:
         profile(v)
+        return v
+
+    @field_validator("autoscaling")
+    @classmethod
+    def _router_scaling(cls, v: AutoscalingConfig | None) -> AutoscalingConfig | None:
+        if v is not None and v.policy != "serve-default":
+            raise ValueError("router autoscaling supports policy: serve-default only (the "
+                             "kvroute policy reads the workers' prefill backlog)")
         return v
 
     def routing(self) -> PipelineConfig:
