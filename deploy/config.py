@@ -346,8 +346,9 @@ class ServerConfig(_Strict):
         "408 (slowloris; 8 MiB at 1 Mbit/s takes 67 s, LAN clients take milliseconds).",
     )
     request_timeout_s: float | None = Field(
-        3600.0, gt=0, description="Serve's end-to-end HTTP timeout (http_options), streams "
-        "included: above the longest generation you serve; None = no limit.",
+        3600.0, gt=0, description="End-to-end deadline of every request, streams included, "
+        "enforced by the router itself and by Serve's proxy (http_options): above the "
+        "longest generation you serve; None = no limit.",
     )
 
 

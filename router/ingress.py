@@ -26,6 +26,7 @@ from deploy.config import KvrouteConfig
 from deploy.tracing import setup_tracing, shutdown_tracing
 from router import anthropic_routes, openai_routes, responses_routes
 from router.auth import exposure_warning
+from router.client_guard import ClientGuardMiddleware
 from router.core import RouterCore
 from router.errors import ApiError, error_response
 from router.metrics_hub import MetricsCache, push_metrics
@@ -47,6 +48,7 @@ def _fastapi_kwargs() -> dict[str, Any]:
 # openapi_url=None: /openapi.json is the Ingress route below, which needs a key when keys are on.
 app = FastAPI(title="kvroute", docs_url=None, redoc_url=None, openapi_url=None,
               **_fastapi_kwargs())
+app.add_middleware(ClientGuardMiddleware)  # inside the telemetry span: its 408 is recorded
 app.add_middleware(TelemetryMiddleware)
 app.openapi = lambda: kvroute_openapi(app)  # type: ignore[method-assign]  # with body schemas
 
@@ -89,6 +91,8 @@ class Ingress:
         setup_tracing("kvroute-router")
         cfg = KvrouteConfig.model_validate(config)  # the Redis URL from this process's env:
         self._config = cfg.model_copy(update={"index": cfg.index.resolved()})
+        # Our own deadline, whatever a client's x-request-timeout-seconds told the proxy.
+        app.state.request_timeout_s = cfg.server.request_timeout_s
         self._hub = metrics_hub
         self._replica = serve.get_replica_context().replica_id.unique_id
         self._metrics = MetricsCache(metrics_hub, self._replica)
