@@ -11,15 +11,27 @@ name fails when the config is loaded (``deploy.config.MODEL_CHECKS``).
 from __future__ import annotations
 
 from deploy.config import MODEL_CHECKS, ModelConfig
-from router.tool_parsers import hermes, llama3_json, mistral
+from router.tool_parsers import (
+    deepseek_v31,
+    deepseek_v32,
+    glm45,
+    gpt_oss,
+    hermes,
+    kimi_k2,
+    llama3_json,
+    minimax_m2,
+    mistral,
+    qwen3_coder,
+)
 from router.tool_parsers.base import Event, Family, Schemas, ToolCall, ToolParser
 
 __all__ = ["FAMILIES", "Event", "Family", "Schemas", "ToolCall", "ToolParser",
            "detect_family", "make_parser"]
 
-FAMILIES: dict[str, Family] = {
-    m.FAMILY.name: m.FAMILY for m in (hermes, mistral, llama3_json)
-}
+FAMILIES: dict[str, Family] = {m.FAMILY.name: m.FAMILY for m in (
+    gpt_oss, kimi_k2, deepseek_v32, deepseek_v31, minimax_m2, qwen3_coder, glm45,
+    hermes, mistral, llama3_json,
+)}
 
 
 def detect_family(template: str | None, special_tokens: str = "") -> str | None:

@@ -1,6 +1,7 @@
 """``mistral``: ``[TOOL_CALLS][{"name": .., "arguments": {..}}, ..]`` (tokenizer v3-v7,
 Mistral 7B v0.3 to Small 3.1) or ``[TOOL_CALLS]name[ARGS]{..}`` per call (v11+,
-Devstral, Magistral, Mistral Small 3.2); the section runs to the end of the output.
+Devstral, Magistral), ``[TOOL_CALLS]name[CALL_ID]id[ARGS]{..}`` (Mistral Small 3.2);
+the section runs to the end of the output.
 """
 
 from router.tool_parsers.base import Family, Schemas, ToolCall, call_from, decode_json_calls
@@ -15,6 +16,7 @@ def decode(payload: str, schemas: Schemas) -> list[ToolCall] | None:
         found: list[ToolCall] | None = None
         if "[ARGS]" in piece and not piece.lstrip().startswith(("[", "{")):
             name, _, args = piece.partition("[ARGS]")
+            name = name.partition("[CALL_ID]")[0]  # Mistral Small 3.2 adds the call's id
             call = call_from({"name": name.strip(), "arguments": args.strip() or "{}"})
             found = [call] if call else None
         else:
