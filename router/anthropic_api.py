@@ -7,7 +7,10 @@ Streaming sends the standard sequence, as the Anthropic API does:
 
 or, if generation fails mid-stream, an ``error`` event and the end of the stream.
 Text streams as ``text_delta``s; a tool call is sent whole, when the parser has
-seen all of it, as one ``input_json_delta`` of its full JSON input.
+seen all of it, as one ``input_json_delta`` of its full JSON input. Reasoning is a
+``thinking`` block streamed as ``thinking_delta``s. Its ``signature`` is empty:
+kvroute does not sign reasoning (nothing to verify it with), and takes thinking
+blocks sent back with any signature.
 
 Usage: ``input_tokens`` counts the prompt tokens *not* read from the engine's
 cache and ``cache_read_input_tokens`` those that were (the engine's own count),
@@ -27,7 +30,8 @@ import secrets
 import string
 from typing import Any
 
-from router.tool_calls import Event, ToolCall
+from router.reasoning_parsers import Event, Reasoning
+from router.tool_calls import ToolCall
 from workers.protocol import Final, Usage
 
 _ALPHABET = string.ascii_letters + string.digits
@@ -115,18 +119,25 @@ class Blocks:
     def __init__(self, single_tool: bool = False) -> None:
         self.content: list[dict[str, Any]] = []
         self.tool_calls = 0
-        self._open = False  # a text block is open (streaming)
+        self._open = False  # a text or thinking block is open (streaming)
         self._single = single_tool  # disable_parallel_tool_use: keep the first call only
 
     def add(self, ev: Event) -> list[bytes]:
         if isinstance(ev, ToolCall):
             return self._tool(ev)
+        kind, key, text = ("thinking", "thinking", ev.text) if isinstance(ev, Reasoning) \
+            else ("text", "text", ev)
         out = []
+        if self._open and self.content[-1]["type"] != kind:
+            out.append(self._stop())
         if not self._open:
-            out.append(self._start({"type": "text", "text": ""}))
+            block = {"type": kind, key: ""}
+            if kind == "thinking":
+                block["signature"] = ""  # see the module docstring
+            out.append(self._start(block))
             self._open = True
-        self.content[-1]["text"] += ev
-        delta = {"type": "text_delta", "text": ev}
+        self.content[-1][key] += text
+        delta = {"type": f"{kind}_delta", key: text}
         out.append(sse("content_block_delta", {"type": "content_block_delta",
                                                "index": len(self.content) - 1, "delta": delta}))
         return out

@@ -13,7 +13,9 @@ Choices (see docs/api.md):
   stops with ``model_context_window_exceeded``. A prompt that alone fills the
   context is a 413 ``prompt is too long: N tokens > M maximum``, before any worker.
 - ``temperature`` defaults to 1.0 (Anthropic's default); ``top_k`` is accepted
-  and not applied; ``thinking`` is accepted and ignored.
+  and not applied. ``thinking`` (and ``output_config.effort``) go to thinking
+  templates (``router.reasoning_parsers.controls``); the model's reasoning comes back
+  as ``thinking`` blocks (``router.reasoning_parsers``).
 - ``tool_choice``: ``auto`` (the default), ``any`` and ``tool`` render the
   tools and parse calls (decoding is not constrained, so ``any``/``tool`` are not
   enforced); ``none`` still renders the tools (the prompt, and so the cache, is
@@ -35,6 +37,7 @@ from fastapi.responses import JSONResponse, Response
 
 from router import anthropic_api as aa
 from router import http_util as hu
+from router import reasoning_parsers as rp
 from router import tool_calls as tc
 from router.anthropic_schema import CountTokensRequest, MessagesRequest
 from router.core import Generation, RouterCore
@@ -64,6 +67,7 @@ async def messages(core: RouterCore, request: Request) -> Response:
                               session, api_key=key, has_tools=bool(req.tools))
     headers = {**hu.routing_headers(gen), "request-id": rid}
     reply = _Reply(gen, req, _parser(core, req, prompt.tools), bound)
+    reply.reasoner = rp.for_request(core.primary(req.model), tok, ids)
     if req.stream:
         return hu.GenerationStream(reply.stream(), gen, headers)
     return JSONResponse(await reply.collect(), headers=headers)
@@ -93,6 +97,7 @@ class _Reply:
         single = bool(req.tool_choice and req.tool_choice.disable_parallel_tool_use)
         self.blocks = aa.Blocks(single_tool=single)
         self.mid = aa.new_id("msg_")
+        self.reasoner: rp.ReasoningParser | None = None
 
     def _end(self) -> tuple[str, str | None, dict[str, int]]:
         reason, seq = aa.stop_reason(self.gen.final, self.blocks.tool_calls > 0, self.bound)
@@ -100,7 +105,7 @@ class _Reply:
 
     async def collect(self) -> dict:
         try:
-            async for ev in tc.events(self.gen.messages(), self.parser):
+            async for ev in rp.events(self.gen.messages(), self.parser, self.reasoner):
                 self.blocks.add(ev)
         except Exception as e:  # the replica failed mid-generation: retryable for the client
             log.warning("generation %s failed: %r", self.mid, e)
@@ -116,7 +121,7 @@ class _Reply:
         try:
             yield aa.message_start(self.mid, self.req.model, self.gen.prompt_tokens)
             yield aa.ping()
-            async for ev in tc.events(self.gen.messages(), self.parser):
+            async for ev in rp.events(self.gen.messages(), self.parser, self.reasoner):
                 for chunk in self.blocks.add(ev):
                     yield chunk
             for chunk in self.blocks.finish():

@@ -108,8 +108,16 @@ class Metadata(_Lenient):
     user_id: str | None = None
 
 
+class ThinkingConfig(_Lenient):
+    """``enabled`` (with ``budget_tokens``), ``adaptive`` or ``disabled``: passed to
+    thinking templates (``router.reasoning_parsers.controls``)."""
+
+    type: str | None = None
+    budget_tokens: int | None = Field(None, ge=0)
+
+
 class OutputConfig(_Lenient):
-    """``effort`` is accepted and ignored; ``format`` (structured outputs) is refused."""
+    """``effort`` goes to thinking templates; ``format`` (structured outputs) is refused."""
 
     effort: str | None = None
     format: dict[str, Any] | None = None
@@ -130,9 +138,9 @@ class CountTokensRequest(_Lenient):
              | Annotated[list[TextBlock], Field(max_length=lim.MAX_BLOCKS)] | None) = None
     tools: list[Tool] | None = Field(None, max_length=lim.MAX_TOOLS)
     tool_choice: ToolChoice | None = None
-    # Accepted and not applied (docs/api.md): kvroute's models do not think aloud, and
-    # context edits (clearing old thinking or tool results) would move the cached prefix.
-    thinking: dict[str, Any] | None = None
+    thinking: ThinkingConfig | None = None
+    # Accepted and not applied (docs/api.md): context edits (clearing old thinking or tool
+    # results) would move the cached prefix.
     context_management: dict[str, Any] | None = None
     output_config: OutputConfig | None = None
 

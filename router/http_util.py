@@ -171,7 +171,8 @@ async def encode_prompt(tok: ChatTokenizer, prompt: ChatPrompt) -> list[int]:
     loop; only the new part of a growing prompt is tokenized, ``router.prompt_cache``); a
     conversation the template refuses is a 400."""
     try:
-        return await tok.encode_chat(prompt.messages, prompt.tools, prompt.prefill or "")
+        return await tok.encode_chat(prompt.messages, prompt.tools, prompt.prefill or "",
+                                    prompt.options)
     except TemplateRenderError as e:
         raise ApiError(400, str(e), "invalid_messages", "messages") from None
 

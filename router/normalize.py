@@ -16,8 +16,10 @@ What is normalised (documented for users in docs/api.md):
 2. ``cache_control`` markers (on system blocks, tools and message blocks) are
    ignored: Claude Code moves its breakpoints every turn, and kvroute caches every
    prefix automatically anyway.
-3. ``thinking`` and ``redacted_thinking`` blocks are dropped: their signatures
-   are request-specific, and kvroute's models do not produce them.
+3. ``thinking`` blocks become the assistant message's past reasoning
+   (``reasoning_content``), which the model's template renders as it does its own
+   (most keep only the reasoning after the last user message); their signatures are
+   ignored. ``redacted_thinking`` blocks are dropped (nothing readable in them).
 4. A string ``content`` and a list of text blocks with the same text render the
    same (blocks are joined with ``"\\n"``), as do system as a string and as blocks
    (joined with ``"\\n\\n"``).
@@ -54,12 +56,15 @@ from router.anthropic_schema import (
     ImageBlock,
     Message,
     TextBlock,
+    ThinkingBlock,
     Tool,
     ToolReferenceBlock,
     ToolResultBlock,
     ToolUseBlock,
 )
 from router.errors import ApiError
+from router.reasoning_parsers.controls import budget_effort, options, with_past_reasoning
+from router.tokenization import TemplateOptions
 
 _HEADER_LINE = re.compile(r"[ \t]*x-anthropic-[a-z0-9-]+:[^\n]*(\n|$)", re.IGNORECASE)
 
@@ -124,12 +129,13 @@ class ChatPrompt:
     messages: list[dict[str, Any]] = field(default_factory=list)
     tools: list[dict[str, Any]] | None = None
     prefill: str | None = None
+    options: TemplateOptions = ()  # template variables (reasoning switches)
 
 
 def to_chat(req: CountTokensRequest, system_in_place: bool = True) -> ChatPrompt:
     """The template's input; ``system_in_place``: the template renders a later system
     message where it stands (``ChatTokenizer.system_in_place``)."""
-    prompt = ChatPrompt(tools=template_tools(req.tools))
+    prompt = ChatPrompt(tools=template_tools(req.tools), options=_thinking(req))
     system = system_text(req.system)
     if system is not None:
         prompt.messages.append({"role": "system", "content": system})
@@ -148,6 +154,16 @@ def to_chat(req: CountTokensRequest, system_in_place: bool = True) -> ChatPrompt
         prompt.prefill = prompt.messages.pop()["content"]
     prompt.messages = place_system(prompt.messages, system_in_place)
     return prompt
+
+
+def _thinking(req: CountTokensRequest) -> TemplateOptions:
+    """``thinking`` and ``output_config.effort`` → the thinking templates' variables."""
+    effort = req.output_config.effort if req.output_config else None
+    if req.thinking is None or req.thinking.type not in ("enabled", "adaptive", "disabled"):
+        return options(None, effort)
+    if req.thinking.type == "disabled":
+        return options(False)
+    return options(True, effort or budget_effort(req.thinking.budget_tokens))
 
 
 def template_tools(tools: list[Tool] | None) -> list[dict[str, Any]] | None:
@@ -205,11 +221,14 @@ def _system_message(msg: Message, where: str) -> str:
 
 def _assistant(msg: Message, where: str, refs: _Refs) -> dict[str, Any]:
     texts: list[str] = []
+    thoughts: list[str] = []
     calls: list[dict[str, Any]] = []
     for j, block in enumerate(_blocks(msg)):
         _refuse(block, f"{where}.{j}")
         if isinstance(block, TextBlock):
             texts.append(block.text)
+        elif isinstance(block, ThinkingBlock):
+            thoughts.append(block.thinking)
         elif isinstance(block, ToolUseBlock):
             refs.calls[block.id] = block.name
             calls.append({"id": block.id, "type": "function",
@@ -217,11 +236,11 @@ def _assistant(msg: Message, where: str, refs: _Refs) -> dict[str, Any]:
         elif isinstance(block, ToolResultBlock):
             raise ApiError(400, f"{where}.{j}: tool_result blocks belong in user messages",
                            "invalid_request", f"{where}.{j}")
-        # thinking / redacted_thinking: dropped (see the module docstring)
+        # redacted_thinking: dropped (see the module docstring)
     out: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts)}
     if calls:
         out["tool_calls"] = calls
-    return out
+    return with_past_reasoning(out, "\n".join(t for t in thoughts if t))
 
 
 def _user(msg: Message, where: str, refs: _Refs) -> list[dict[str, Any]]:

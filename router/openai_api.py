@@ -4,6 +4,8 @@ Parsed tool calls (``router.tool_calls``) become ``message.tool_calls`` with ids
 ``call_…`` and arguments as a JSON string, and the finish reason ``tool_calls``
 (unless the output limit cut the reply: ``length``). Streamed, each call is one
 delta carrying its id, name and full arguments, sent when the call is complete.
+Reasoning (``router.reasoning_parsers``) is ``message.reasoning_content`` and, streamed,
+``reasoning_content`` deltas, as vLLM and DeepSeek return it.
 """
 
 from __future__ import annotations
@@ -43,9 +45,11 @@ def tool_call(call: ToolCall, index: int | None = None) -> dict[str, Any]:
 
 def chat_completion(
     rid: str, model: str, text: str, final: Final | None,
-    calls: list[ToolCall] | None = None,
+    calls: list[ToolCall] | None = None, reasoning: str = "",
 ) -> dict:
     message: dict[str, Any] = {"role": "assistant", "content": text}
+    if reasoning:  # as vLLM and DeepSeek return it
+        message["reasoning_content"] = reasoning
     if calls:
         message["content"] = text or None
         message["tool_calls"] = [tool_call(c) for c in calls]

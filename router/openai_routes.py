@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, Response
 
 from router import http_util as hu
 from router import openai_api as oa
+from router import reasoning_parsers as rp
 from router import tool_calls as tc
 from router.auth import ApiKeyConfig
 from router.core import Generation, RouterCore
@@ -45,11 +46,13 @@ async def chat_completions(core: RouterCore, request: Request) -> Response:
     req = await hu.parse_body(request, ChatCompletionRequest, hu.body_limits(core))
     tok = core.tokenizer(req.model)
     messages = place_system(req.template_messages(), tok.system_in_place)
-    ids = await hu.encode_prompt(tok, ChatPrompt(messages, req.template_tools()))
+    ids = await hu.encode_prompt(tok, ChatPrompt(messages, req.template_tools(),
+                                                 options=req.template_options()))
     parser = None
     if req.parses_tools():
         parser = tc.parser_for(core.primary(req.model), req.template_tools())
     out = _Output(parser, single_call=req.parallel_tool_calls is False)
+    out.reasoner = rp.for_request(core.primary(req.model), tok, ids)
     return await _serve(core, request, req, ids, out, key)
 
 
@@ -71,15 +74,21 @@ async def completions(core: RouterCore, request: Request) -> Response:
 
 
 class _Output:
-    """Chat output: text and parsed tool calls (``parser`` None: text only)."""
+    """Chat output: reasoning, text and parsed tool calls (``parser`` None: no tool calls;
+    ``reasoner`` None: no reasoning)."""
 
     def __init__(self, parser: tc.ToolParser | None, single_call: bool) -> None:
         self.parser, self.single = parser, single_call
+        self.reasoner: rp.ReasoningParser | None = None
         self.text: list[str] = []
+        self.reasoning: list[str] = []
         self.calls: list[tc.ToolCall] = []
 
-    def add(self, ev: tc.Event) -> dict[str, Any] | None:
+    def add(self, ev: rp.Event) -> dict[str, Any] | None:
         """Record one event; the chat delta to stream for it (None: nothing to send)."""
+        if isinstance(ev, rp.Reasoning):
+            self.reasoning.append(ev.text)
+            return {"reasoning_content": ev.text}
         if isinstance(ev, str):
             self.text.append(ev)
             return {"content": ev}
@@ -108,7 +117,7 @@ async def _serve(core: RouterCore, request: Request, req: SamplingFields, ids: l
         return hu.GenerationStream(_stream(gen, rid, req.model, out, include_usage), gen, headers)
     result = out or _Output(None, False)
     try:
-        async for ev in tc.events(gen.messages(), result.parser):
+        async for ev in rp.events(gen.messages(), result.parser, result.reasoner):
             result.add(ev)
     except Exception as e:  # the replica failed mid-generation: retryable for the client
         log.warning("generation %s failed: %r", rid, e)
@@ -118,8 +127,8 @@ async def _serve(core: RouterCore, request: Request, req: SamplingFields, ids: l
         gen.close()  # also when the client went away: aborts the worker's generation
     text = "".join(result.text)
     if chat:
-        return JSONResponse(oa.chat_completion(rid, req.model, text, gen.final, result.calls),
-                            headers=headers)
+        return JSONResponse(oa.chat_completion(rid, req.model, text, gen.final, result.calls,
+                                               "".join(result.reasoning)), headers=headers)
     return JSONResponse(oa.text_completion(rid, req.model, text, gen.final), headers=headers)
 
 
@@ -130,7 +139,8 @@ async def _stream(
     try:
         if chat:
             yield oa.sse(oa.chat_chunk(rid, model, {"role": "assistant", "content": ""}, None))
-        async for ev in tc.events(gen.messages(), out.parser if out else None):
+        async for ev in rp.events(gen.messages(), out.parser if out else None,
+                                  out.reasoner if out else None):
             if out is None:
                 yield oa.sse(oa.text_chunk(rid, model, str(ev), None))
             elif (delta := out.add(ev)) is not None:

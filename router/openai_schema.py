@@ -19,6 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from router import request_limits as lim
 from router.normalize import strip_volatile
+from router.reasoning_parsers.controls import options, with_past_reasoning
+from router.tokenization import TemplateOptions
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # seed: engines seed 64-bit generators
 MAX_STOP_CHARS = 512  # stop matching costs grow with the length (review finding 12)
@@ -51,6 +53,10 @@ class ChatMessage(_Lenient):
     name: str | None = Field(None, max_length=lim.MAX_ID_CHARS)
     tool_calls: list[ToolCall] | None = Field(None, max_length=lim.MAX_BLOCKS)
     tool_call_id: str | None = Field(None, max_length=lim.MAX_ID_CHARS)
+    # Past reasoning sent back (vLLM and DeepSeek name it reasoning_content; newer vLLM
+    # ``reasoning``): rendered as the model's template renders it.
+    reasoning_content: str | None = Field(None, max_length=lim.MAX_TEXT_CHARS)
+    reasoning: str | None = Field(None, max_length=lim.MAX_TEXT_CHARS)
 
     def text(self) -> str:
         if self.content is None or isinstance(self.content, str):
@@ -66,6 +72,8 @@ class ChatMessage(_Lenient):
             msg["tool_call_id"] = self.tool_call_id
         if self.tool_calls:
             msg["tool_calls"] = [_template_call(call.model_dump()) for call in self.tool_calls]
+        if self.role == "assistant":
+            with_past_reasoning(msg, self.reasoning_content or self.reasoning)
         return msg
 
 
@@ -173,6 +181,11 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] \
+        | None = None
+
+    def template_options(self) -> TemplateOptions:
+        return options(None, self.reasoning_effort)
 
     def template_messages(self) -> list[dict[str, Any]]:
         """The chat template's input: developer → system, volatile header lines stripped,

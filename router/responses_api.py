@@ -3,7 +3,9 @@
 Streamed, as OpenAI documents it, every event carrying a ``sequence_number``:
 
     response.created → response.in_progress →
-    (text: output_item.added → content_part.added → output_text.delta* →
+    (reasoning: output_item.added → content_part.added → reasoning_text.delta* →
+     reasoning_text.done → content_part.done → output_item.done
+     | text: output_item.added → content_part.added → output_text.delta* →
      output_text.done → content_part.done → output_item.done
      | call: output_item.added → function_call_arguments.delta →
      function_call_arguments.done → output_item.done)* →
@@ -14,7 +16,9 @@ delta), as the chat API does. A call comes back in the shape its tool was offere
 in (``router.responses_tools``): ``function_call``, ``custom_tool_call`` with its
 ``input`` or ``tool_search_call``, with ``namespace`` when it has one. Usage:
 ``input_tokens`` is the whole prompt and ``input_tokens_details.cached_tokens`` the
-engine's own count.
+engine's own count. Reasoning (``router.reasoning_parsers``) is a ``reasoning`` item
+whose ``content`` is one ``reasoning_text`` (its ``summary`` is empty: kvroute does not
+summarise; ``output_tokens_details.reasoning_tokens`` stays 0: not counted apart).
 """
 
 from __future__ import annotations
@@ -24,10 +28,14 @@ import time
 import uuid
 from typing import Any
 
+from router.reasoning_parsers import Event, Reasoning
+from router.reasoning_parsers.controls import with_past_reasoning
 from router.responses_schema import ResponsesRequest
 from router.responses_tools import CUSTOM_INPUT, TOOL_SEARCH, ToolCatalog, template_name
-from router.tool_calls import Event, ToolCall
+from router.tool_calls import ToolCall
 from workers.protocol import Final, Usage
+
+_DELTA = {"message": "output_text", "reasoning": "reasoning_text"}  # event name per item
 
 
 def new_id(prefix: str) -> str:
@@ -68,7 +76,7 @@ class Output:
         self.calls = 0
         self.created = int(time.time())
         self._seq = 0
-        self._text_open = False
+        self._open: str | None = None  # the item type being streamed: message, reasoning
 
     def event(self, kind: str, **fields: Any) -> bytes:
         data = {"type": kind, "sequence_number": self._seq, **fields}
@@ -83,12 +91,14 @@ class Output:
     def add(self, ev: Event) -> list[bytes]:
         if isinstance(ev, ToolCall):
             return self._call(ev)
-        out = [] if self._text_open else self._open_text()
+        kind, text = ("reasoning", ev.text) if isinstance(ev, Reasoning) else ("message", ev)
+        out = [] if self._open == kind else [*self._close_text(), *self._open_item(kind)]
         item = self.items[-1]
-        item["content"][0]["text"] += ev
-        out.append(self.event("response.output_text.delta", item_id=item["id"],
-                              output_index=len(self.items) - 1, content_index=0, delta=ev,
-                              logprobs=[]))
+        item["content"][0]["text"] += text
+        extra = {} if kind == "reasoning" else {"logprobs": []}
+        out.append(self.event(f"response.{_DELTA[kind]}.delta", item_id=item["id"],
+                              output_index=len(self.items) - 1, content_index=0, delta=text,
+                              **extra))
         return out
 
     def finish(self, final: Final | None, prompt_tokens: int) -> list[bytes]:
@@ -128,13 +138,19 @@ class Output:
         return "".join(c["text"] for i in self.items if i["type"] == "message"
                        for c in i["content"])
 
-    def _open_text(self) -> list[bytes]:
-        item = {"id": new_id("msg"), "type": "message", "role": "assistant",
-                "status": "in_progress", "content": []}
+    def _open_item(self, kind: str) -> list[bytes]:
+        item: dict[str, Any]
+        if kind == "reasoning":
+            item = {"id": new_id("rs"), "type": "reasoning", "summary": [],
+                    "status": "in_progress", "content": []}
+            part: dict[str, Any] = {"type": "reasoning_text", "text": ""}
+        else:
+            item = {"id": new_id("msg"), "type": "message", "role": "assistant",
+                    "status": "in_progress", "content": []}
+            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
         self.items.append(item)
-        self._text_open = True
+        self._open = kind
         index = len(self.items) - 1
-        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
         out = [self.event("response.output_item.added", output_index=index, item=dict(item))]
         item["content"].append(part)
         out.append(self.event("response.content_part.added", item_id=item["id"],
@@ -142,15 +158,17 @@ class Output:
         return out
 
     def _close_text(self) -> list[bytes]:
-        if not self._text_open:
+        """Close the message or reasoning item being streamed, if any."""
+        if self._open is None:
             return []
-        self._text_open = False
+        kind, self._open = self._open, None
         item, index = self.items[-1], len(self.items) - 1
         item["status"] = "completed"
         part = item["content"][0]
+        extra = {} if kind == "reasoning" else {"logprobs": []}
         return [
-            self.event("response.output_text.done", item_id=item["id"], output_index=index,
-                       content_index=0, text=part["text"], logprobs=[]),
+            self.event(f"response.{_DELTA[kind]}.done", item_id=item["id"], output_index=index,
+                       content_index=0, text=part["text"], **extra),
             self.event("response.content_part.done", item_id=item["id"], output_index=index,
                        content_index=0, part=dict(part)),
             self.event("response.output_item.done", output_index=index, item=item),
@@ -198,11 +216,13 @@ class Output:
             return None
         calls = [{"id": i["call_id"], "type": "function",
                   "function": {"name": _template_call_name(i), "arguments": _call_args(i)}}
-                 for i in self.items if i["type"] != "message"]
+                 for i in self.items if i["type"] not in ("message", "reasoning")]
         msg: dict[str, Any] = {"role": "assistant", "content": self.text()}
         if calls:
             msg["tool_calls"] = calls
-        return msg
+        thought = "".join(c["text"] for i in self.items if i["type"] == "reasoning"
+                          for c in i["content"])
+        return with_past_reasoning(msg, thought)
 
 
 def _template_call_name(item: dict[str, Any]) -> str:

@@ -13,8 +13,9 @@ Either way the rendered prompt of turn N+1 must start with turn N's, so:
   template's tool list, in that order on every turn; tools that arrive later
   (``additional_tools`` mid-conversation, a client ``tool_search_output``) are
   rendered where they arrive, as text, so the prefix before them never moves;
-- ``reasoning`` items are dropped (their encrypted content is request-specific,
-  and kvroute's models do not reason aloud);
+- ``reasoning`` items are the past reasoning (``reasoning_content``) of the assistant
+  message that follows them, which the model's template renders as it does its own
+  (``encrypted_content`` is ignored); ``reasoning.effort`` goes to thinking templates;
 - calls (``function_call``, ``custom_tool_call``, ``tool_search_call``) join the
   assistant message before them as its ``tool_calls`` (arguments as mappings, as
   templates expect), and each output is a ``role: "tool"`` message naming its call.
@@ -34,6 +35,7 @@ from pydantic import TypeAdapter
 
 from router.errors import ApiError
 from router.normalize import ChatPrompt, place_system, strip_volatile
+from router.reasoning_parsers.controls import options, with_past_reasoning
 from router.responses_schema import (
     AdditionalToolsItem,
     CustomToolCallItem,
@@ -44,6 +46,7 @@ from router.responses_schema import (
     ImagePart,
     MessageItem,
     Part,
+    ReasoningItem,
     RefusalPart,
     ResponsesRequest,
     TextPart,
@@ -85,7 +88,8 @@ def to_chat(req: ResponsesRequest, history: Conversation, system_in_place: bool
     if req.text and req.text.format and (note := req.text.format.as_response_format()
                                          .instruction()):
         messages.insert(0, {"role": "system", "content": note})
-    prompt = ChatPrompt(place_system(messages, system_in_place), catalog.listed or None)
+    prompt = ChatPrompt(place_system(messages, system_in_place), catalog.listed or None,
+                        options=options(None, req.reasoning.effort if req.reasoning else None))
     return prompt, conv, catalog
 
 
@@ -93,7 +97,14 @@ def _append(conv: Conversation, catalog: ToolCatalog, item: Any, where: str,
             calls: dict[str, str]) -> None:
     if isinstance(item, MessageItem):
         role = "system" if item.role == "developer" else item.role
-        conv.messages.append({"role": role, "content": _text(item.content, f"{where}.content")})
+        text = _text(item.content, f"{where}.content")
+        if role == "assistant" and _thinking_only(conv.messages):
+            conv.messages[-1]["content"] = text  # the answer after its reasoning
+        else:
+            conv.messages.append({"role": role, "content": text})
+    elif isinstance(item, ReasoningItem):
+        msg = {"role": "assistant", "content": ""}
+        conv.messages.append(with_past_reasoning(msg, item.text()) if item.text() else msg)
     elif isinstance(item, AdditionalToolsItem):
         _more_tools(conv, catalog, item.tools, f"{where}.tools", None)
     elif isinstance(item, FunctionCallItem | CustomToolCallItem | ToolSearchCallItem):
@@ -105,7 +116,13 @@ def _append(conv: Conversation, catalog: ToolCatalog, item: Any, where: str,
     elif isinstance(item, ToolSearchOutputItem):
         call = _called(calls, item.call_id, where) if item.call_id else None
         _more_tools(conv, catalog, item.tools, f"{where}.tools", item.call_id if call else None)
-    # reasoning: dropped (see the module docstring)
+
+
+def _thinking_only(messages: list[dict[str, Any]]) -> bool:
+    """The last message is an assistant turn opened by a reasoning item alone."""
+    last = messages[-1] if messages else {}
+    return last.get("role") == "assistant" and not last["content"] and \
+        "tool_calls" not in last
 
 
 def _more_tools(conv: Conversation, catalog: ToolCatalog, tools: list[Any], where: str,

@@ -10,10 +10,11 @@ conversation for ``previous_response_id`` (``router.response_store``).
 
 ``store: false`` (what Codex sends, with the whole conversation every turn) keeps
 nothing. ``max_output_tokens`` is checked against the context window like chat's
-``max_tokens`` (413 when it cannot fit). ``reasoning``, ``text.verbosity``,
-``include`` and ``service_tier`` are accepted and have no effect: kvroute's models
-do not reason aloud. A client that disconnects closes the generation, which aborts
-it on the worker.
+``max_tokens`` (413 when it cannot fit). ``reasoning.effort`` goes to thinking
+templates and the model's reasoning comes back as ``reasoning`` items
+(``router.reasoning_parsers``); ``reasoning.summary``, ``text.verbosity``, ``include``
+and ``service_tier`` are accepted and have no effect. A client that disconnects
+closes the generation, which aborts it on the worker.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from router import http_util as hu
+from router import reasoning_parsers as rp
 from router import tool_calls as tc
 from router.core import Generation, RouterCore
 from router.errors import ApiError
@@ -56,6 +58,7 @@ async def create(core: RouterCore, store: ResponseStore, request: Request) -> Re
         parser = tc.parser_for(core.primary(req.model), prompt.tools)
     out = Output(req, new_id("resp"), catalog, single_call=req.parallel_tool_calls is False)
     reply = _Reply(gen, out, parser, store if req.store else None, conversation)
+    reply.reasoner = rp.for_request(core.primary(req.model), tok, ids)
     headers = hu.routing_headers(gen)
     if req.stream:
         return hu.GenerationStream(reply.stream(), gen, headers)
@@ -80,10 +83,11 @@ class _Reply:
                  store: ResponseStore | None, conversation: Conversation) -> None:
         self.gen, self.out, self.parser = gen, out, parser
         self.store, self.conversation = store, conversation
+        self.reasoner: rp.ReasoningParser | None = None
 
     async def collect(self) -> dict:
         try:
-            async for ev in tc.events(self.gen.messages(), self.parser):
+            async for ev in rp.events(self.gen.messages(), self.parser, self.reasoner):
                 self.out.add(ev)
         except Exception as e:  # the replica failed mid-generation: retryable for the client
             log.warning("response %s failed: %r", self.out.id, e)
@@ -99,7 +103,7 @@ class _Reply:
         try:
             for event in self.out.start():
                 yield event
-            async for ev in tc.events(self.gen.messages(), self.parser):
+            async for ev in rp.events(self.gen.messages(), self.parser, self.reasoner):
                 for event in self.out.add(ev):
                     yield event
             closing = self.out.finish(self.gen.final, self.gen.prompt_tokens)

@@ -176,10 +176,26 @@ class ToolSearchOutputItem(_Lenient):
     tools: list[Tool] = Field(default_factory=list, max_length=512)
 
 
+class ReasoningText(_Lenient):
+    type: str = "reasoning_text"
+    text: str = Field("", max_length=MAX_TEXT_CHARS)
+
+
 class ReasoningItem(_Lenient):
-    """Earlier reasoning: dropped from the prompt (as thinking blocks are)."""
+    """Earlier reasoning: its ``content`` texts (else its ``summary``) are the next
+    assistant message's past reasoning; ``encrypted_content`` is ignored."""
 
     type: Literal["reasoning"]
+    content: list[ReasoningText] | None = Field(None, max_length=MAX_MESSAGES)
+    summary: list[ReasoningText] = Field(default_factory=list, max_length=MAX_MESSAGES)
+
+    def text(self) -> str:
+        return "".join(p.text for p in self.content or self.summary)
+
+
+class ReasoningConfig(_Lenient):
+    effort: str | None = None  # passed to thinking templates
+    summary: str | None = None  # accepted; kvroute returns the reasoning, not a summary
 
 
 def _item_type(value: Any) -> str:
@@ -253,7 +269,7 @@ class ResponsesRequest(_Lenient):
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     text: TextConfig | None = None
-    reasoning: dict[str, Any] | None = None  # accepted; kvroute's models do not reason aloud
+    reasoning: ReasoningConfig | None = None
     metadata: dict[str, str] | None = Field(None, max_length=16)
     user: str | None = None
     prompt_cache_key: str | None = None

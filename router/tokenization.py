@@ -26,6 +26,10 @@ from tokenizers import Tokenizer
 from router.prompt_cache import IncrementalEncoder, PromptCacheConfig, boundary_tokens
 from router.tokenize_setup import TokenCache, off_loop, with_env
 
+# Template variables beyond messages and tools, as (name, value) pairs (hashable, typed):
+# the reasoning switches some templates read (``router.reasoning_parsers.controls``).
+TemplateOptions = tuple[tuple[str, bool | str], ...]
+
 # Conversations rendered once at load, to see which added tokens the template emits.
 _PROBE_CHATS: tuple[list[dict[str, Any]], ...] = (
     [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
@@ -120,11 +124,14 @@ class ChatTokenizer:
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None = None,
         add_generation_prompt: bool = True,
+        options: TemplateOptions | None = None,
     ) -> str:
+        """``options``: variables some templates read (``enable_thinking``, ...)."""
         try:
             return self._template.render(
                 messages=messages, tools=tools or None,
-                add_generation_prompt=add_generation_prompt, **self._specials,
+                add_generation_prompt=add_generation_prompt,
+                **dict(options or ()), **self._specials,
             )
         except TemplateRenderError:
             raise
@@ -155,21 +162,27 @@ class ChatTokenizer:
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def render_encode(self, messages: list[dict[str, Any]],
-                      tools: list[dict[str, Any]] | None = None, suffix: str = "") -> list[int]:
-        return self.encode(self.render(messages, tools=tools) + suffix)
+                      tools: list[dict[str, Any]] | None = None, suffix: str = "",
+                      options: TemplateOptions | None = None) -> list[int]:
+        return self.encode(self.render(messages, tools=tools, options=options) + suffix)
 
     async def encode_chat(self, messages: list[dict[str, Any]],
-                          tools: list[dict[str, Any]] | None = None, suffix: str = ""
-                          ) -> list[int]:
+                          tools: list[dict[str, Any]] | None = None, suffix: str = "",
+                          options: TemplateOptions | None = None) -> list[int]:
         """Render and tokenize, in the tokenize pool unless the conversation is small (a
         pool hop costs more than a short prompt's whole encoding); raises
         ``TemplateRenderError``."""
         if _rough_chars(messages, tools) < INLINE_CHARS:
-            return self.render_encode(messages, tools, suffix)
-        return await off_loop(self.cache_config, self.render_encode, messages, tools, suffix)
+            return self.render_encode(messages, tools, suffix, options)
+        return await off_loop(self.cache_config, self.render_encode, messages, tools, suffix,
+                              options)
 
     async def aencode(self, text: str) -> list[int]:
         return await off_loop(self.cache_config, self.encode, text)
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=False)
+
+    def token_id(self, text: str) -> int | None:
+        """The id of a token of the vocabulary (added tokens included), or None."""
+        return self._tok.token_to_id(text)

@@ -114,7 +114,8 @@ def test_each_turn_extends_the_previous_prompt(tiny_model_dir: Path, compact: bo
                        if a != b), len(ids_before))
         assert common >= 0.95 * len(ids_before)
     assert "cch=" not in prompts[0] and "billing" not in prompts[0]
-    assert "sig-" not in prompts[1] and "look first" not in prompts[1]  # thinking dropped
+    # The tiny template renders no past reasoning; signatures never reach a template.
+    assert "sig-" not in prompts[1] and "look first" not in prompts[1]
     assert prompts[0].count('{"type": "function"') == 80
 
 
@@ -133,7 +134,8 @@ def test_tool_use_and_results_map_onto_the_template() -> None:
     assert msgs[1]["content"].endswith("\nFix the failing test in src/app.py")
     assert msgs[2] == {"role": "assistant", "content": "I'll read the file first.",
                        "tool_calls": [{"id": "toolu_01A", "type": "function", "function": {
-                           "name": "Read", "arguments": {"file_path": "/repo/src/app.py"}}}]}
+                           "name": "Read", "arguments": {"file_path": "/repo/src/app.py"}}}],
+                       "reasoning_content": "look first", "thinking": "look first"}
     assert msgs[3] == {"role": "tool", "tool_call_id": "toolu_01A", "name": "Read",
                        "content": "1\tdef add(a, b):\n2\t    return a - b\n"}
     assert msgs[5]["content"].startswith("Error: <tool_use_error>")

@@ -67,13 +67,21 @@ def chat_of(req: dict[str, Any]) -> ChatPrompt:
     return to_chat(CountTokensRequest.model_validate(req))
 
 
+def _blocks_of(msg: dict[str, Any]) -> str | list[dict[str, Any]]:
+    """A message's content, its past reasoning as a thinking block first."""
+    if not msg.get("reasoning_content"):
+        return msg["content"]
+    return [{"type": "thinking", "thinking": msg["reasoning_content"], "signature": ""},
+            {"type": "text", "text": msg["content"]}]
+
+
 def as_request(prompt: ChatPrompt) -> dict[str, Any]:
     """A normalised (text-only) prompt, sent again as an Anthropic request."""
     msgs = list(prompt.messages)
     req: dict[str, Any] = {"model": "m", "messages": []}
     if msgs and msgs[0]["role"] == "system":
         req["system"] = msgs.pop(0)["content"]
-    req["messages"] = [{"role": m["role"], "content": m["content"]} for m in msgs]
+    req["messages"] = [{"role": m["role"], "content": _blocks_of(m)} for m in msgs]
     if prompt.prefill is not None:
         req["messages"].append({"role": "assistant", "content": prompt.prefill})
     return req

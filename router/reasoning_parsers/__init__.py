@@ -1,0 +1,133 @@
+"""Reasoning parsers per model family, in a registry; one module per parser.
+
+A model's ``reasoning_parser`` (``deploy.config.ModelConfig``; vLLM's names) picks
+the parser; unset, it is detected once from the chat template (and the tokenizer's
+added tokens); ``"none"`` turns reasoning parsing off. A model whose family is not
+recognised gets no parser: its text passes through as the answer (logged once).
+
+- ``think`` (``router.reasoning_parsers.think``): ``qwen3``, ``deepseek_r1``,
+  ``deepseek_v3`` (V3.1/V3.2), ``glm45``, ``minimax_m2``, ``kimi_k2``.
+- ``harmony`` (``router.reasoning_parsers.harmony``): ``openai_gptoss``.
+
+Per request, ``for_request`` builds a fresh parser and tells it whether the prompt
+already opened the reasoning (the rendered prompt ends with the opener). The
+reasoning parser runs first; the tool-call parser reads the answer text it emits
+(``events``).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import get_args
+
+from deploy.config import ModelConfig, ReasoningParserName
+from router.reasoning_parsers.base import Piece, Reasoning, ReasoningParser
+from router.reasoning_parsers.harmony import HarmonyParser
+from router.reasoning_parsers.think import ThinkParser
+from router.tokenization import ChatTokenizer
+from router.tool_calls import MarkerParser, ToolCall
+from workers.protocol import Chunk, WorkerMessage
+
+__all__ = ["Event", "Reasoning", "ReasoningParser", "SPECS", "events", "for_request", "resolve"]
+log = logging.getLogger(__name__)
+Event = Reasoning | str | ToolCall
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    """One family: how to build its parser and how to recognise its chat template."""
+
+    name: str
+    make: Callable[[bool], ReasoningParser]  # argument: the prompt opened the reasoning
+    opener: str  # at the end of the rendered prompt: the output starts inside reasoning
+    detect: Callable[[str], bool]
+
+
+def _has(*parts: str) -> Callable[[str], bool]:
+    return lambda template: all(p in template for p in parts)
+
+
+_KIMI_CALLS = "<|tool_calls_section_begin|>"
+# Most specific first: every family but harmony writes <think>.
+SPECS: dict[str, Spec] = {s.name: s for s in (
+    Spec("openai_gptoss", HarmonyParser, "", _has("<|channel|>", "analysis")),
+    Spec("kimi_k2", lambda inside: ThinkParser(inside, implicit_ends=(_KIMI_CALLS,)),
+         "<think>", _has(_KIMI_CALLS, "<think>")),
+    Spec("minimax_m2", ThinkParser, "<think>", _has("]~b]", "<think>")),
+    Spec("glm45", ThinkParser, "<think>", _has("[gMASK]", "<think>")),
+    Spec("deepseek_v3", ThinkParser, "<think>", _has("<｜Assistant｜>", "<think>", "thinking")),
+    Spec("deepseek_r1", ThinkParser, "<think>", _has("<｜Assistant｜>", "<think>")),
+    # Qwen3-Coder/3.5 may start a call without closing the reasoning (vLLM's qwen3 parser).
+    Spec("qwen3", lambda inside: ThinkParser(inside, implicit_ends=("<tool_call>",)),
+         "<think>", _has("<think>")),
+)}
+if set(SPECS) | {"none"} != set(get_args(ReasoningParserName)):  # the config's names
+    raise RuntimeError("router.reasoning_parsers.SPECS and deploy.config disagree")
+
+
+def detect(template: str | None, think_tokens: bool = False) -> str | None:
+    """The family of a chat template (first match); ``think_tokens``: the tokenizer has
+    ``<think>``/``</think>`` as added tokens (then ``qwen3``'s parser if nothing else)."""
+    for spec in SPECS.values():
+        if template and spec.detect(template):
+            return spec.name
+    return "qwen3" if think_tokens else None
+
+
+@functools.lru_cache(maxsize=64)
+def _resolved(model: str, configured: str | None, template: str, think_tokens: bool
+              ) -> Spec | None:
+    if configured == "none":
+        return None
+    name = configured or detect(template, think_tokens)
+    if name is None:  # cached: logged once per model
+        log.info("model %s: no reasoning format recognised in its chat template; its "
+                 "output passes through as the answer (set reasoning_parser to choose)", model)
+        return None
+    return SPECS[name]
+
+
+def resolve(model: ModelConfig, tok: ChatTokenizer) -> Spec | None:
+    """The model's reasoning family: configured, else detected (cached per model)."""
+    think = tok.token_id("<think>") is not None and tok.token_id("</think>") is not None
+    return _resolved(model.name, model.reasoning_parser, tok.template_source, think)
+
+
+def for_request(model: ModelConfig, tok: ChatTokenizer, prompt_ids: list[int]
+                ) -> ReasoningParser | None:
+    """A fresh parser for one generation, or None (text passes through)."""
+    spec = resolve(model, tok)
+    if spec is None:
+        return None
+    inside = bool(spec.opener) and tok.decode(prompt_ids[-16:]).rstrip().endswith(spec.opener)
+    return spec.make(inside)
+
+
+async def events(messages: AsyncIterator[WorkerMessage], tools: MarkerParser | None,
+                 reasoning: ReasoningParser | None) -> AsyncIterator[Event]:
+    """Worker messages → reasoning, answer text and tool calls: the reasoning parser
+    first, the tool-call parser on the answer it leaves."""
+
+    def answer(pieces: list[Piece]) -> list[Event]:
+        out: list[Event] = []
+        for p in pieces:
+            if isinstance(p, Reasoning):
+                out.append(p)
+            elif tools is not None:
+                out.extend(tools.feed(p))
+            else:
+                out.append(p)
+        return out
+
+    async for msg in messages:
+        if isinstance(msg, Chunk) and (text := msg.text):
+            for ev in answer(reasoning.feed(text) if reasoning else [text]):
+                yield ev
+    for ev in answer(reasoning.flush() if reasoning else []):
+        yield ev
+    if tools is not None:
+        for ev in tools.flush():
+            yield ev
