@@ -21,9 +21,6 @@ from deploy.routing import PipelineConfig, profile
 
 EngineName = Literal["mlx", "vllm", "sim"]
 AutoscalingPolicyName = Literal["serve-default", "kvroute"]
-# Reasoning formats (vLLM's names; router.reasoning_parsers has one parser per name).
-ReasoningParserName = Literal["qwen3", "deepseek_r1", "deepseek_v3", "glm45", "kimi_k2",
-                              "minimax_m2", "openai_gptoss", "none"]
 # Tokens per prefix-index block (cache_service.hashing); why 64: docs/prefix-index.md.
 DEFAULT_BLOCK_SIZE = 64
 
@@ -107,7 +104,8 @@ class VllmKvEvents(_Strict):
 VLLM_FORCED_ARGS = ("model", "enable_prefix_caching", "kv_events_config")
 
 # Checks the runtime adds for names only it knows (router.tool_parsers adds the tool-call
-# family check when imported), run on each model at load, so a typo fails before deploying.
+# family check, router.reasoning_parsers the reasoning format check, when imported), run
+# on each model at load, so a typo fails before deploying.
 MODEL_CHECKS: list[Callable[[ModelConfig], object]] = []
 
 
@@ -139,9 +137,9 @@ class ModelConfig(_Strict):
         1.0, gt=0, description="How often Serve collects each replica's load report for the "
         "routers (kvroute sim's stats_period_s models it).")
     supports_tools: bool = Field(True, description="Whether the model can call tools.")
-    reasoning_parser: ReasoningParserName | None = Field(
-        None, description="How the model's output separates reasoning from the answer "
-        "(vLLM's parser names); None: detected from the chat template; 'none': no parsing.")
+    reasoning_parser: str | None = Field(
+        None, description="Reasoning format (router.reasoning_parsers, e.g. `qwen3`, "
+        "`gpt-oss`); None: detected from the chat template; `none`: no parsing.")
     cost_per_mtok: float = Field(0.0, ge=0.0, description="Relative cost per 1M tokens.")
     direct_http: bool = Field(
         False, description="Also serve each replica's own OpenAI endpoint on 127.0.0.1 "

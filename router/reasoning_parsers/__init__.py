@@ -1,13 +1,16 @@
 """Reasoning parsers per model family, in a registry; one module per parser.
 
-A model's ``reasoning_parser`` (``deploy.config.ModelConfig``; vLLM's names) picks
-the parser; unset, it is detected once from the chat template (and the tokenizer's
-added tokens); ``"none"`` turns reasoning parsing off. A model whose family is not
+A model's ``reasoning_parser`` (``deploy.config.ModelConfig``; the family names of
+``router.tool_parsers``, checked when the config loads) picks the parser; unset, it
+is detected once from the chat template (and the tokenizer's added tokens); ``"none"``
+turns reasoning parsing off. A model whose family is not
 recognised gets no parser: its text passes through as the answer (logged once).
 
-- ``think`` (``router.reasoning_parsers.think``): ``qwen3``, ``deepseek_r1``,
-  ``deepseek_v3`` (V3.1/V3.2), ``glm45``, ``minimax_m2``, ``kimi_k2``.
-- ``harmony`` (``router.reasoning_parsers.harmony``): ``openai_gptoss``.
+- ``think`` (``router.reasoning_parsers.think``): ``qwen3``, ``deepseek-r1``,
+  ``deepseek-v3.1`` (V3.1/V3.2), ``glm-4.5``, ``minimax-m2``, ``kimi-k2`` (vLLM's
+  ``qwen3``, ``deepseek_r1``, ``deepseek_v3``, ``glm45``, ``minimax_m2``, ``kimi_k2``).
+- ``harmony`` (``router.reasoning_parsers.harmony``): ``gpt-oss`` (vLLM's
+  ``openai_gptoss``).
 
 Per request, ``for_request`` builds a fresh parser and tells it whether the prompt
 already opened the reasoning (the rendered prompt ends with the opener). The
@@ -21,14 +24,13 @@ import functools
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import get_args
 
-from deploy.config import ModelConfig, ReasoningParserName
+from deploy.config import MODEL_CHECKS, ModelConfig
 from router.reasoning_parsers.base import Piece, Reasoning, ReasoningParser
 from router.reasoning_parsers.harmony import HarmonyParser
 from router.reasoning_parsers.think import ThinkParser
 from router.tokenization import ChatTokenizer
-from router.tool_calls import MarkerParser, ToolCall
+from router.tool_parsers import ToolCall, ToolParser
 from workers.protocol import Chunk, WorkerMessage
 
 __all__ = ["Event", "Reasoning", "ReasoningParser", "SPECS", "events", "for_request", "resolve"]
@@ -53,19 +55,27 @@ def _has(*parts: str) -> Callable[[str], bool]:
 _KIMI_CALLS = "<|tool_calls_section_begin|>"
 # Most specific first: every family but harmony writes <think>.
 SPECS: dict[str, Spec] = {s.name: s for s in (
-    Spec("openai_gptoss", HarmonyParser, "", _has("<|channel|>", "analysis")),
-    Spec("kimi_k2", lambda inside: ThinkParser(inside, implicit_ends=(_KIMI_CALLS,)),
+    Spec("gpt-oss", HarmonyParser, "", _has("<|channel|>", "analysis")),
+    Spec("kimi-k2", lambda inside: ThinkParser(inside, implicit_ends=(_KIMI_CALLS,)),
          "<think>", _has(_KIMI_CALLS, "<think>")),
-    Spec("minimax_m2", ThinkParser, "<think>", _has("]~b]", "<think>")),
-    Spec("glm45", ThinkParser, "<think>", _has("[gMASK]", "<think>")),
-    Spec("deepseek_v3", ThinkParser, "<think>", _has("<｜Assistant｜>", "<think>", "thinking")),
-    Spec("deepseek_r1", ThinkParser, "<think>", _has("<｜Assistant｜>", "<think>")),
+    Spec("minimax-m2", ThinkParser, "<think>", _has("]~b]", "<think>")),
+    Spec("glm-4.5", ThinkParser, "<think>", _has("[gMASK]", "<think>")),
+    Spec("deepseek-v3.1", ThinkParser, "<think>", _has("<｜Assistant｜>", "<think>", "thinking")),
+    Spec("deepseek-r1", ThinkParser, "<think>", _has("<｜Assistant｜>", "<think>")),
     # Qwen3-Coder/3.5 may start a call without closing the reasoning (vLLM's qwen3 parser).
     Spec("qwen3", lambda inside: ThinkParser(inside, implicit_ends=("<tool_call>",)),
          "<think>", _has("<think>")),
 )}
-if set(SPECS) | {"none"} != set(get_args(ReasoningParserName)):  # the config's names
-    raise RuntimeError("router.reasoning_parsers.SPECS and deploy.config disagree")
+
+
+def _check_reasoning_parser(model: ModelConfig) -> None:
+    name = model.reasoning_parser
+    if name is not None and name != "none" and name not in SPECS:
+        raise ValueError(f"reasoning_parser {name!r} is not a known reasoning format; "
+                         f"known: {sorted(SPECS)} or 'none'")
+
+
+MODEL_CHECKS.append(_check_reasoning_parser)  # config validation checks the name
 
 
 def detect(template: str | None, think_tokens: bool = False) -> str | None:
@@ -106,7 +116,7 @@ def for_request(model: ModelConfig, tok: ChatTokenizer, prompt_ids: list[int]
     return spec.make(inside)
 
 
-async def events(messages: AsyncIterator[WorkerMessage], tools: MarkerParser | None,
+async def events(messages: AsyncIterator[WorkerMessage], tools: ToolParser | None,
                  reasoning: ReasoningParser | None) -> AsyncIterator[Event]:
     """Worker messages → reasoning, answer text and tool calls: the reasoning parser
     first, the tool-call parser on the answer it leaves."""

@@ -38,23 +38,23 @@ CASES = [
     ("qwen3", True, "I need to read the file.\n\n" + TOOL_BODY,
      "I need to read the file.", TOOL_BODY),
     ("qwen3", False, "<think>\n\n</think>\n\nNo thoughts.", "", "No thoughts."),
-    ("deepseek_r1", True, "This is a reasoning section</think>This is the rest",
+    ("deepseek-r1", True, "This is a reasoning section</think>This is the rest",
      "This is a reasoning section", "This is the rest"),
-    ("deepseek_r1", True, "<think>This is a reasoning section</think>",
+    ("deepseek-r1", True, "<think>This is a reasoning section</think>",
      "This is a reasoning section", ""),
-    ("deepseek_v3", True, "Thinking.</think>The answer.", "Thinking.", "The answer."),
-    ("glm45", False, "<think>Plan.</think>\nDone.", "Plan.", "Done."),
-    ("minimax_m2", True, "Plan it.\n</think>\n\nDone.", "Plan it.", "Done."),
-    ("kimi_k2", False, "<think>Call a tool.<|tool_calls_section_begin|><|tool_call_begin|>x",
+    ("deepseek-v3.1", True, "Thinking.</think>The answer.", "Thinking.", "The answer."),
+    ("glm-4.5", False, "<think>Plan.</think>\nDone.", "Plan.", "Done."),
+    ("minimax-m2", True, "Plan it.\n</think>\n\nDone.", "Plan it.", "Done."),
+    ("kimi-k2", False, "<think>Call a tool.<|tool_calls_section_begin|><|tool_call_begin|>x",
      "Call a tool.", "<|tool_calls_section_begin|><|tool_call_begin|>x"),
-    ("kimi_k2", False, "<think>R</think>A", "R", "A"),
-    ("openai_gptoss", False, HARMONY_R + "This is reasoning" + HARMONY_FINAL
+    ("kimi-k2", False, "<think>R</think>A", "R", "A"),
+    ("gpt-oss", False, HARMONY_R + "This is reasoning" + HARMONY_FINAL
      + "This is the rest", "This is reasoning", "This is the rest"),
-    ("openai_gptoss", False, HARMONY_R + "Need weather.<|end|>" + HARMONY_CALL,
+    ("gpt-oss", False, HARMONY_R + "Need weather.<|end|>" + HARMONY_CALL,
      "Need weather.", HARMONY_CALL),
-    ("openai_gptoss", False, HARMONY_R + "This is reasoning<|end|>", "This is reasoning", ""),
-    ("openai_gptoss", False, "Plain text, no channels.", "", "Plain text, no channels."),
-    ("openai_gptoss", False, "<|channel|>final<|message|>Hi<|return|>", "", "Hi"),
+    ("gpt-oss", False, HARMONY_R + "This is reasoning<|end|>", "This is reasoning", ""),
+    ("gpt-oss", False, "Plain text, no channels.", "", "Plain text, no channels."),
+    ("gpt-oss", False, "<|channel|>final<|message|>Hi<|return|>", "", "Hi"),
 ]
 
 
@@ -83,7 +83,7 @@ def test_recorded_outputs_one_feed_and_streamed(family: str, inside: bool, outpu
         got_r, got_a, events = run(SPECS[family].make(inside), random_pieces(output, rng))
         assert (got_r, got_a) == (reasoning, answer)
         kinds = [type(e) for e in events]  # reasoning never comes back after the answer
-        assert kinds == sorted(kinds, key=lambda k: k is str) or family == "openai_gptoss"
+        assert kinds == sorted(kinds, key=lambda k: k is str) or family == "gpt-oss"
 
 
 def test_no_partial_marker_is_released_early() -> None:
@@ -94,12 +94,12 @@ def test_no_partial_marker_is_released_early() -> None:
 
 
 @pytest.mark.parametrize(("template", "family"), [
-    ("{{ '<|start|>assistant<|channel|>analysis' }}", "openai_gptoss"),
-    ("<|tool_calls_section_begin|> <think>", "kimi_k2"),
-    ("]~b]ai <think>", "minimax_m2"),
-    ("[gMASK]<sop> <think>", "glm45"),
-    ("<｜Assistant｜>{% if thinking %}<think>{% endif %}", "deepseek_v3"),
-    ("<｜Assistant｜><think>\n", "deepseek_r1"),
+    ("{{ '<|start|>assistant<|channel|>analysis' }}", "gpt-oss"),
+    ("<|tool_calls_section_begin|> <think>", "kimi-k2"),
+    ("]~b]ai <think>", "minimax-m2"),
+    ("[gMASK]<sop> <think>", "glm-4.5"),
+    ("<｜Assistant｜>{% if thinking %}<think>{% endif %}", "deepseek-v3.1"),
+    ("<｜Assistant｜><think>\n", "deepseek-r1"),
     ("<|im_start|>assistant\n<think>", "qwen3"),
     ("<|im_start|>assistant\n", None),
 ])
@@ -109,3 +109,15 @@ def test_detect_from_template(template: str, family: str | None) -> None:
 
 def test_detect_from_added_tokens() -> None:
     assert detect("<|im_start|>", think_tokens=True) == "qwen3"
+
+
+def test_config_checks_the_reasoning_parser_name() -> None:
+    from pydantic import ValidationError
+
+    from deploy.config import ModelConfig
+
+    base = {"name": "m", "engine": "sim", "model_path": "/x"}
+    assert ModelConfig(**base, reasoning_parser="gpt-oss").reasoning_parser == "gpt-oss"
+    assert ModelConfig(**base, reasoning_parser="none").reasoning_parser == "none"
+    with pytest.raises(ValidationError, match="not a known reasoning format"):
+        ModelConfig(**base, reasoning_parser="qwen-3")
