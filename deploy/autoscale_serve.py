@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from deploy.autoscale_policy import Params, ReplicaLoad, Snapshot, State, decide
 from workers.protocol import AutoscalingStats
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("ray.serve")  # the controller log, next to its scaling lines
 
 
 class _Point(Protocol):  # Serve's TimeStampedValue
