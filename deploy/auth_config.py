@@ -6,8 +6,9 @@ hashing and authenticating requests live in ``router.auth``.
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -45,6 +46,52 @@ class ApiKeyConfig(_Strict):
         return v.lower()
 
 
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+def url_from_env(setting: str, var: str, environ: Mapping[str, str] | None = None) -> str:
+    """The URL in ``$var`` of this process's environment; a missing one fails the replica's
+    start (never a silent fallback next to replicas that share the store)."""
+    url = (os.environ if environ is None else environ).get(var, "")
+    if not url:
+        raise ValueError(f"{setting}: ${var} is not set in this process's environment "
+                         "(set it on every node or pod)")
+    return url
+
+
+class RateLimitStoreConfig(_Strict):
+    """Where the per-key rate-limit state lives (docs/auth.md, "Rate-limit store").
+
+    Its own Redis, with ``maxmemory-policy noeviction``: the index's Redis evicts under
+    memory pressure (``volatile-lru``), and an evicted limit key is a full bucket."""
+
+    redis_url: str | None = Field(
+        None, description="Redis URL of the limiter's store (no password here: it sits in "
+        "the Serve config; use redis_url_env). None and no env = the index's Redis, with a "
+        "warning at start.",
+    )
+    redis_url_env: str | None = Field(
+        None, pattern=ENV_NAME, description="Name of an environment variable holding the "
+        "limiter store's URL, read by each router replica from its own environment.",
+    )
+
+    @model_validator(mode="after")
+    def _one_url(self) -> RateLimitStoreConfig:
+        if self.redis_url and self.redis_url_env:
+            raise ValueError("set auth.rate_limit_store.redis_url or redis_url_env, not both")
+        return self
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.redis_url or self.redis_url_env)
+
+    def url(self, environ: Mapping[str, str] | None = None) -> str | None:
+        if self.redis_url_env:
+            return url_from_env("auth.rate_limit_store.redis_url_env", self.redis_url_env,
+                                environ)
+        return self.redis_url
+
+
 class AuthConfig(_Strict):
     api_keys: list[ApiKeyConfig] = Field(
         default_factory=list, description="Keys (hashed). None here or in the env = open."
@@ -63,6 +110,10 @@ class AuthConfig(_Strict):
     required: bool = Field(
         True, description="Refuse to start with no key when server.host is not loopback; "
         "false only behind a gateway that authenticates (docs/auth.md).",
+    )
+    rate_limit_store: RateLimitStoreConfig = Field(
+        default_factory=RateLimitStoreConfig, description="A Redis for the rate-limit state "
+        "that does not evict; unset = the index's Redis (warned).",
     )
 
     @model_validator(mode="after")

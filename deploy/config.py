@@ -16,7 +16,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from deploy.auth_config import AuthConfig
+from deploy.auth_config import ENV_NAME, AuthConfig, url_from_env
 from deploy.routing import PipelineConfig, profile
 
 EngineName = Literal["mlx", "vllm", "sim"]
@@ -206,7 +206,7 @@ class IndexConfig(_Strict):
         "It sits in the Serve config: no password here, use redis_url_env.",
     )
     redis_url_env: str | None = Field(
-        None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Name of an environment "
+        None, pattern=ENV_NAME, description="Name of an environment "
         "variable holding the Redis URL (with its password), read by each router and worker "
         "process from its own environment, so the secret never enters Serve's config.",
     )
@@ -249,10 +249,7 @@ class IndexConfig(_Strict):
         index next to replicas sharing Redis)."""
         if not self.redis_url_env:
             return self
-        url = (os.environ if environ is None else environ).get(self.redis_url_env, "")
-        if not url:
-            raise ValueError(f"index.redis_url_env: ${self.redis_url_env} is not set in this "
-                             "process's environment (set it on every node or pod)")
+        url = url_from_env("index.redis_url_env", self.redis_url_env, environ)
         return self.model_copy(update={"redis_url": url, "redis_url_env": None})
 
 

@@ -31,7 +31,7 @@ from router.dispatch import Dispatcher, Started
 from router.errors import ApiError
 from router.generation import Generation
 from router.load import LoadTracker
-from router.ratelimit import RateLimiter
+from router.ratelimit import RateLimiter, store_url
 from router.selection import (
     RouteRequest,
     check_shared_tokenizers,
@@ -73,7 +73,8 @@ class RouterCore:
         self.predicted_header = idx.predicted_cached_header if \
             idx.predicted_cached_header is not None else (self.isolation or not self.auth.enabled)
         self.limiter = RateLimiter.from_url(
-            idx.redis_url if self.auth.enabled else None, idx.namespace, timeout_s=idx.timeout_s,
+            store_url(config.auth.rate_limit_store, idx.redis_url) if self.auth.enabled
+            else None, idx.namespace, timeout_s=idx.timeout_s,
             on_error=lambda op: metrics.INDEX_ERRORS.labels(op).inc(),
         )
         self.max_resumes = config.router.max_resumes

@@ -56,10 +56,11 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from cache_service.breaker import CircuitBreaker
+from deploy.auth_config import RateLimitStoreConfig
 from router.auth import ApiKeyConfig
 from router.errors import ApiError
 
-__all__ = ["BATCH_LUA", "LocalGcra", "RateLimiter"]
+__all__ = ["BATCH_LUA", "LocalGcra", "RateLimiter", "store_url"]
 
 log = logging.getLogger(__name__)
 PERIOD_S = 60.0
@@ -121,6 +122,17 @@ for i = 1, #KEYS / 2 do
 end
 return out
 """
+
+
+def store_url(store: RateLimitStoreConfig, index_url: str | None) -> str | None:
+    """The limiter's Redis: its own store if configured, else the index's (warned: that one
+    evicts, and an evicted limit key is a full bucket)."""
+    if store.configured:
+        return store.url()
+    if index_url:
+        log.warning("rate limits share the index's Redis, whose eviction can reset them; "
+                    "set auth.rate_limit_store to a noeviction Redis (docs/auth.md)")
+    return index_url
 
 
 def _interval_us(period_us: int, cost: int, limit: int) -> int:

@@ -283,14 +283,41 @@ def test_rayservice_images_and_versions_agree_with_dockerfiles() -> None:
         assert args["RAY_VERSION"] == rc["rayVersion"], name
 
 
+def _redis(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The Deployment and Service of one Redis in redis.yaml."""
+    found = {(d["kind"], d["metadata"]["name"]): d for d in _docs(KUBERAY / "redis.yaml")}
+    return found[("Deployment", name)], found[("Service", name)]
+
+
+def _redis_url_of(name: str) -> str:
+    svc = _redis(name)[1]
+    return f"redis://{name}:{svc['spec']['ports'][0]['port']}/"
+
+
+def _server_args(deployment: dict[str, Any]) -> dict[str, str]:
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    return dict(zip(args[::2], args[1::2], strict=True))
+
+
+def test_rate_limits_have_their_own_redis_that_never_evicts() -> None:
+    """Issue 14 item 8: the limiter's state is not in the index's evicting Redis."""
+    app = _kvroute_app(_serve_config("rayservice.yaml"))
+    store = KvrouteConfig.model_validate(app["args"]).auth.rate_limit_store
+    assert store.redis_url and store.redis_url.startswith(_redis_url_of("kvroute-redis-limits"))
+    assert _server_args(_redis("kvroute-redis-limits")[0])["--maxmemory-policy"] == "noeviction"
+    assert _server_args(_redis("kvroute-redis")[0])["--maxmemory-policy"] == "volatile-lru"
+    policy = _one(KUBERAY / "redis.yaml", "NetworkPolicy")
+    guarded = policy["spec"]["podSelector"]["matchExpressions"][0]["values"]
+    assert set(guarded) == {"kvroute-redis", "kvroute-redis-limits"}
+    cluster = KvrouteConfig.model_validate(_kvroute_app(_serve_config("cluster.yaml"))["args"])
+    url = cluster.auth.rate_limit_store.redis_url
+    assert url and url != cluster.index.redis_url
+
+
 def test_index_and_collector_services_match_the_rayservice() -> None:
-    redis_svc = _one(KUBERAY / "redis.yaml", "Service")
     otel_svc = _one(KUBERAY / "otel-collector.yaml", "Service")
     app = _kvroute_app(_serve_config("rayservice.yaml"))
-    redis_port = redis_svc["spec"]["ports"][0]["port"]
-    assert app["args"]["index"]["redis_url"].startswith(
-        f"redis://{redis_svc['metadata']['name']}:{redis_port}/"
-    )
+    assert app["args"]["index"]["redis_url"].startswith(_redis_url_of("kvroute-redis"))
     otel_ports = {p["port"] for p in otel_svc["spec"]["ports"]}
     rc = _rayservice()["spec"]["rayClusterConfig"]
     for group in [rc["headGroupSpec"], *rc["workerGroupSpecs"]]:
