@@ -35,15 +35,15 @@ FAMILIES: dict[str, Family] = {m.FAMILY.name: m.FAMILY for m in (
 
 
 def detect_family(template: str | None, special_tokens: str = "") -> str | None:
-    """The first registered family whose markers the chat template (or the tokenizer's
-    special tokens, joined in ``special_tokens``) all mention."""
-    source = (template or "") + "\n" + special_tokens
-    if not source.strip():
-        return None
-    for family in FAMILIES.values():
-        if all(s in source for s in family.detect):
-            return family.name
-    if '"parameters"' in source and "ipython" in source:  # Llama 3.x without python_tag
+    """The first registered family whose markers the chat template all mentions; failing
+    that, whose markers the tokenizer's special tokens (joined in ``special_tokens``) do.
+    The template comes first: it teaches the format, while a tokenizer may carry tokens
+    its model never writes."""
+    for source in (template or "", special_tokens):
+        for family in FAMILIES.values():
+            if source and all(s in source for s in family.detect):
+                return family.name
+    if template and '"parameters"' in template and "ipython" in template:  # Llama 3.x
         return llama3_json.FAMILY.name
     return None
 

@@ -1,28 +1,16 @@
 """Family detection from each family's public chat template (tests/chat_templates) and
-from the tokenizer's special tokens, and the model config's override."""
+from the tokenizer's special tokens (the config's override: tests/router/test_tool_calls.py)."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 
 from router.tool_parsers import FAMILIES, detect_family
+from tests.router.tool_parsers.family_models import TEMPLATE_OF, TEMPLATES
 
-TEMPLATES = Path(__file__).parents[2] / "chat_templates"
-EXPECTED = {
-    "Qwen-Qwen3-0.6B.jinja": "hermes",
-    "Qwen3-Coder.jinja": "qwen3-coder",
-    "openai-gpt-oss-120b.jinja": "gpt-oss",
-    "deepseek-ai-DeepSeek-V3.1.jinja": "deepseek-v3.1",
-    "deepseek-ai-DeepSeek-V3.2.jinja": "deepseek-v3.2",
-    "GLM-4.6.jinja": "glm-4.5",
-    "Kimi-K2-Instruct.jinja": "kimi-k2",
-    "MiniMax-M2.jinja": "minimax-m2",
-    "Mistral-Small-3.2-24B-Instruct-2506.jinja": "mistral",
-    "unsloth-mistral-Devstral-Small-2507.jinja": "mistral",
-    "meta-llama-Llama-3.1-8B-Instruct.jinja": "llama3-json",
-}
+# Each family's template, and the other templates kept for a family.
+EXPECTED = {file: family for family, file in TEMPLATE_OF.items()} | {
+    "unsloth-mistral-Devstral-Small-2507.jinja": "mistral"}
 
 
 @pytest.mark.parametrize(("file", "family"), sorted(EXPECTED.items()))
@@ -37,5 +25,8 @@ def test_every_registered_family_has_a_template_here() -> None:
 
 def test_special_tokens_count_and_unknown_templates_give_none() -> None:
     assert detect_family("{{ messages }}", "<|tool_calls_section_begin|>\n<|im_end|>") == "kimi-k2"
+    # The template wins over tokens its model may never write (the tiny tokenizer has
+    # <tool_call> as a token whatever template a test gives it).
+    assert detect_family("{{ '[TOOL_CALLS]' }}", "<tool_call>") == "mistral"
     assert detect_family("{{ message.content }}") is None
     assert detect_family(None) is None and detect_family(None, "") is None
