@@ -287,5 +287,15 @@ class RedisPrefixIndex:
             blocks += entries
         return IndexStats(blocks=blocks, replicas=replicas, backend="redis")
 
+    async def held_blocks(self, model: str, replica: str) -> set[int]:
+        """The block hashes ``replica`` holds unexpired (a full read of its HASH: for
+        measurements such as what a scale-down loses, never on the routing path)."""
+        key = self.key("r", model, replica)
+        raw = await self.client.execute_command("HGETALL", key, NEVER_DECODE=True)
+        secs, micros = await self.client.time()
+        now_ms = secs * 1000 + micros // 1000
+        pairs = raw.items() if isinstance(raw, dict) else zip(raw[::2], raw[1::2], strict=True)
+        return {struct.unpack(">Q", f)[0] for f, exp in pairs if int(exp) > now_ms}
+
     async def close(self) -> None:
         await self.client.aclose()

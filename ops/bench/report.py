@@ -239,6 +239,28 @@ def plot_cached_ratio(runs: Mapping[str, Sequence[Record]], path: str | Path, ti
     return _save(fig, plt, path)
 
 
+def plot_autoscale(runs: Mapping[str, Mapping[str, Any]], path: str | Path) -> Path:
+    """``bench autoscale`` runs side by side: replicas (running or starting) over time above,
+    each request's TTFT at its send time below, with the target."""
+    plt = _pyplot()
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    for label, bench in runs.items():
+        pts = bench["replicas_over_time"]
+        top.step([p[0] for p in pts], [p[2] for p in pts], where="post",
+                 label=f"{label} ({bench['replica_seconds']:.0f} replica-s)")
+        ttft = [p for p in bench["ttft_over_time"] if p[1] is not None]
+        bottom.scatter([p[0] for p in ttft], [p[1] for p in ttft], s=4, alpha=0.5,
+                       label=f"{label} (p90 {bench['ttft_s']['p90']:.2f} s)")
+    target = next(iter(runs.values()))["ttft_target_s"]
+    bottom.axhline(target, color="k", lw=0.8, ls="--", label=f"target {target:g} s")
+    top.set_ylabel("replicas")
+    top.legend(loc="upper right")
+    bottom.set(ylabel="TTFT (s)", xlabel="seconds into the run", yscale="log")
+    bottom.legend(loc="upper right", markerscale=3)
+    fig.suptitle("bench autoscale (sim engine, shared 2-core machine)")
+    return _save(fig, plt, path)
+
+
 def _save(fig: Any, plt: Any, path: str | Path) -> Path:
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -276,3 +276,21 @@ async def test_sessions_are_shared_and_stored_as_digests(
     assert 0 < await raw_redis.pttl(keys[0]) <= settings.session_ttl_s * 1000
     await router_a.close()
     await router_b.close()
+
+
+async def test_held_blocks_lists_a_replicas_unexpired_blocks(
+    redis_url: str, settings_for: SettingsFor
+) -> None:
+    idx = RedisPrefixIndex(redis_url, settings_for(routed_ttl_s=0.2), timeout_s=1.0)
+    try:
+        big = [2**64 - 1, 1 << 63, 12345]  # full 64-bit hashes round-trip
+        await idx.apply_events([BlockStored("llama", "r1", tuple(big))])
+        await idx.record_routed("llama", "r1", [777])  # routed: expires in 0.2 s
+        await idx.apply_events([BlockStored("llama", "r2", (1, 2))])
+        assert await idx.held_blocks("llama", "r1") == {*big, 777}
+        assert await idx.held_blocks("llama", "r2") == {1, 2}
+        assert await idx.held_blocks("llama", "gone") == set()
+        await asyncio.sleep(0.3)
+        assert await idx.held_blocks("llama", "r1") == set(big)
+    finally:
+        await idx.close()

@@ -1,0 +1,76 @@
+"""``kvroute bench autoscale``'s pieces without a cluster: the trace arrivals, the agent
+calls, the SLO share, the replica-seconds and the scale-down cost bookkeeping (the run
+itself is a benchmark, not a test)."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from ops.bench.autoscale import AutoscaleSpec, agent_calls, arrivals, build_config, slo_attainment
+from ops.bench.autoscale_watch import ScaleDown, Watch
+from ops.bench.client import Record
+from ops.bench.workloads import AgentParams, AgentWorkload
+
+CSV = "TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+    f"2023-11-16 18:17:{s:02d}.5000000,100,10\n" for s in (0, 1, 2, 10, 11, 12, 13, 40))
+
+
+def test_arrivals_shift_speed_up_and_thin(tmp_path: Path) -> None:
+    trace = tmp_path / "azure.csv"
+    trace.write_text(CSV)
+    spec = AutoscaleSpec(trace=str(trace), duration_s=10.0, speedup=2.0, sample=1.0,
+                         trace_start_s=1.0)
+    # trace seconds 1..20 (0 is before the start, 40 after the end), halved
+    assert arrivals(spec) == [0.0, 0.5, 4.5, 5.0, 5.5, 6.0]
+    thinned = [arrivals(AutoscaleSpec(trace=str(trace), duration_s=30.0, sample=0.5, seed=s))
+               for s in range(20)]
+    assert all(set(t) <= {0.0, 0.5, 1.0, 5.0, 5.5, 6.0, 6.5, 20.0} for t in thinned)
+    assert 0 < sum(map(len, thinned)) < 20 * 8  # some kept, some not
+
+
+def test_agent_calls_interleave_sessions_and_replace_finished_ones() -> None:
+    workload = AgentWorkload(AgentParams(tasks_mean=1.0, turns_mean=2.0))
+    keys = [r.key for r in itertools.islice(agent_calls(workload, 3), 40)]
+    assert keys[:3] == ["s0.t0", "s1.t0", "s2.t0"]
+    assert len(set(keys)) == 40  # each call once
+    assert any(k.startswith("s3.") for k in keys)  # finished sessions were replaced
+
+
+def test_slo_attainment_counts_failures_as_misses() -> None:
+    recs = [Record("a", "", 0.0, ttft_s=0.5), Record("b", "", 0.0, ttft_s=3.0),
+            Record("c", "", 0.0, error="HTTP 503"), Record("d", "", 0.0, ttft_s=2.0)]
+    assert slo_attainment(recs, 2.0) == pytest.approx(0.5)
+    assert slo_attainment([], 2.0) == 0.0
+
+
+def test_replica_seconds_integrate_the_samples() -> None:
+    w = Watch("http://x", "m", "app", index=None)  # type: ignore[arg-type]
+    w.replicas = [(0.0, 1, 1), (10.0, 1, 3), (20.0, 3, 3), (30.0, 1, 1)]
+    assert w.replica_seconds(25.0) == pytest.approx(10 * 1 + 10 * 3 + 5 * 3)
+    assert w.replica_seconds(40.0) == pytest.approx(10 + 30 + 30 + 10)
+
+
+def test_scale_down_cost_counts_blocks_only_the_stopped_replica_held() -> None:
+    w = Watch("http://x", "m", "app", index=None)  # type: ignore[arg-type]
+    w._holdings = {"a": {1, 2, 3, 4}, "b": {1, 2, 9}, "c": {1, 2, 3}}
+    w._record({"b"})
+    (down,) = w.scale_downs
+    assert isinstance(down, ScaleDown) and down.replica == "b"
+    # b alone held 9; a alone holds 4; c holds nothing alone: Serve's pick lost 1 block,
+    # the least-used choice would have lost 0
+    assert (down.held_blocks, down.exclusive_blocks, down.least_exclusive_blocks,
+            down.fleet_blocks) == (3, 1, 0, 5)
+    summary = w.summary()
+    assert summary["scale_down_exclusive_blocks"] == 1
+    assert summary["scale_down_least_exclusive_blocks"] == 0
+
+
+def test_config_selects_the_policy_under_test() -> None:
+    for policy in ("kvroute", "serve-default"):
+        cfg = build_config(AutoscaleSpec(policy=policy), "/m", "redis://127.0.0.1:1/0")
+        (model,) = cfg.models
+        assert model.autoscaling.policy == policy and model.num_replicas is None
+        assert cfg.index.redis_url and cfg.server.port > 0
