@@ -15,6 +15,12 @@ Matching: for each model, a replica's match is the length of the longest run of 
 leading hashes (starting at index 0) it holds, unexpired. Since hashes are chained, a replica
 holding ``h_5`` but not ``h_4`` gets 4; the walk stops as soon as no replica is left.
 
+Tiers: each (block, replica) entry keeps the set of tiers holding it (``events.tier_bit``;
+routed writes and tier-less events mean device). A match is a ``Match``: an ``int`` (the
+matched blocks, in any tier, as before) whose ``host`` says how many of them are not on the
+device: the match minus its leading run of device-held blocks, so the router prices them as a
+reload. Same call, same round trip.
+
 Liveness is "not known dead". A replica is dead when
   (a) it heartbeated and its last heartbeat is older than ``liveness_ttl_s``, or
   (b) it was removed (``remove_replica`` or ``purge_dead``): a tombstone is kept for
@@ -39,10 +45,35 @@ from typing import Protocol, runtime_checkable
 
 from .events import CacheEvent
 
-__all__ = ["IndexSettings", "IndexStats", "MatchInfo", "PrefixIndex"]
+__all__ = ["IndexSettings", "IndexStats", "Match", "MatchInfo", "PrefixIndex", "host_blocks"]
+
+
+class Match(int):
+    """Leading blocks a replica holds (an ``int``, so older callers see the count), and
+    ``host``: how many of them sit in a slower tier (host memory, disk), past the replica's
+    leading run of device-held blocks."""
+
+    host: int
+
+    def __new__(cls, blocks: int, host: int = 0) -> Match:
+        obj = super().__new__(cls, blocks)
+        obj.host = max(0, min(host, blocks))
+        return obj
+
+    def __repr__(self) -> str:
+        return f"Match({int(self)}, host={self.host})" if self.host else str(int(self))
+
+    def __reduce__(self) -> tuple[type[Match], tuple[int, int]]:
+        return Match, (int(self), self.host)
+
 
 MatchInfo = dict[str, dict[str, int]]
-"""model -> replica -> number of leading blocks matched (replicas with 0 may be omitted)."""
+"""model -> replica -> leading blocks matched (a ``Match``; replicas with 0 may be omitted)."""
+
+
+def host_blocks(matched: int) -> int:
+    """The slower-tier part of a match (0 for a plain int)."""
+    return getattr(matched, "host", 0)
 
 
 @dataclass(frozen=True, slots=True)

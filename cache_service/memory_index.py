@@ -7,6 +7,8 @@ Data layout (all plain dicts; no awaits inside methods, so every call is atomic 
   block no candidate holds, so it costs O(matched blocks x replicas), never O(index).
 * ``_by_replica``: ``(model, replica) -> set(hash)`` reverse index for O(own entries) purges,
   plus ``_rep_expiry``: the max expiry of the replica's entries (it "holds entries" until then).
+* ``_tiers``: ``(model, hash, replica) -> tier bits`` only for entries not held on the device
+  alone (``events.tier_bit``); absent means device, so a single-tier fleet pays nothing.
 * ``_heartbeats`` / ``_tombstones``: ``model -> {replica: time}`` for liveness (see ``index``).
 
 Memory is bounded: entries carry an expiry (expired ones are invisible at once and deleted
@@ -24,8 +26,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import xxhash
 
-from .events import AllBlocksCleared, BlockRemoved, BlockStored, CacheEvent
-from .index import IndexSettings, IndexStats, MatchInfo
+from .events import AllBlocksCleared, BlockRemoved, BlockStored, CacheEvent, Tier, tier_bit
+from .index import IndexSettings, IndexStats, Match, MatchInfo
 
 __all__ = ["MemoryPrefixIndex"]
 
@@ -33,6 +35,8 @@ _SWEEP_PER_WRITE = 16  # LRU-head keys examined per write for expired entries
 
 BlockKey = tuple[str, int]
 RepKey = tuple[str, str]
+EntryKey = tuple[str, int, str]  # model, hash, replica
+_DEVICE = tier_bit("device")
 MAX_SESSIONS = 100_000  # sessions remembered per process (LRU beyond)
 
 
@@ -50,6 +54,7 @@ class MemoryPrefixIndex:
         self._by_replica: dict[RepKey, set[int]] = {}
         self._rep_expiry: dict[RepKey, float] = {}
         self._entries = 0
+        self._tiers: dict[EntryKey, int] = {}
         self._heartbeats: dict[str, dict[str, float]] = {}
         self._tombstones: dict[str, dict[str, float]] = {}
         self._sessions: OrderedDict[bytes, tuple[str, str, float]] = OrderedDict()  # LRU
@@ -73,6 +78,8 @@ class MemoryPrefixIndex:
         """Delete one (block, replica) entry; the caller removes ``key`` if holders empties."""
         del holders[replica]
         self._entries -= 1
+        if self._tiers:
+            self._tiers.pop((key[0], key[1], replica), None)
         rk = (key[0], replica)
         own = self._by_replica.get(rk)
         if own is not None:
@@ -87,7 +94,14 @@ class MemoryPrefixIndex:
         if not holders:
             self._blocks.pop(key, None)
 
-    def _write(self, model: str, replica: str, hashes: Iterable[int], ttl: float) -> None:
+    def _set_tiers(self, ek: EntryKey, bits: int) -> None:
+        if bits == _DEVICE:
+            self._tiers.pop(ek, None)
+        else:
+            self._tiers[ek] = bits
+
+    def _write(self, model: str, replica: str, hashes: Iterable[int], ttl: float,
+               bit: int = _DEVICE) -> None:
         now = self._clock()
         if self._is_tombstoned(model, replica, now):
             return  # late write for a removed replica must not resurrect it
@@ -109,6 +123,12 @@ class MemoryPrefixIndex:
                 holders[replica] = expiry
             elif old < expiry:
                 holders[replica] = expiry
+            if old is None or old <= now:  # new (or expired): only this tier holds it
+                if bit != _DEVICE or self._tiers:
+                    self._set_tiers((model, h, replica), bit)
+            elif bit != _DEVICE or self._tiers:
+                ek = (model, h, replica)
+                self._set_tiers(ek, self._tiers.get(ek, _DEVICE) | bit)
         if not own:
             del self._by_replica[rk]
             return
@@ -131,11 +151,17 @@ class MemoryPrefixIndex:
                 self._drop_entry(key, holders, replica)
             self._blocks.pop(key, None)
 
-    def _remove(self, model: str, replica: str, hashes: Iterable[int]) -> None:
+    def _remove(self, model: str, replica: str, hashes: Iterable[int],
+                bit: int = _DEVICE) -> None:
         for h in hashes:
             key = (model, h)
             holders = self._blocks.get(key)
             if holders is not None and replica in holders:
+                ek = (model, h, replica)
+                left = self._tiers.get(ek, _DEVICE) & ~bit if self._tiers else _DEVICE & ~bit
+                if left:  # still held in another tier
+                    self._set_tiers(ek, left)
+                    continue
                 self._drop_entry(key, holders, replica)
                 if not holders:
                     del self._blocks[key]
@@ -143,7 +169,7 @@ class MemoryPrefixIndex:
     def _purge(self, model: str, replica: str) -> None:
         own = self._by_replica.get((model, replica))
         if own:
-            self._remove(model, replica, list(own))
+            self._remove(model, replica, list(own), bit=~0)  # every tier
         self._by_replica.pop((model, replica), None)
         self._rep_expiry.pop((model, replica), None)
 
@@ -155,6 +181,8 @@ class MemoryPrefixIndex:
 
     def _match(self, model: str, hashes: Sequence[int], now: float) -> dict[str, int]:
         result: dict[str, int] = {}
+        device_run: dict[str, int] = {}  # replicas whose match left the device: run length
+        tiers = self._tiers
         candidates: set[str] | None = None
         dead: dict[str, bool] = {}
         for i, h in enumerate(hashes):
@@ -179,8 +207,11 @@ class MemoryPrefixIndex:
                 break
             for replica in survivors:
                 result[replica] = i + 1
+                if tiers and replica not in device_run:
+                    if not tiers.get((model, h, replica), _DEVICE) & _DEVICE:
+                        device_run[replica] = i
             candidates = survivors
-        return result
+        return {r: Match(n, n - device_run.get(r, n)) for r, n in result.items()}
 
     async def record_routed(self, model: str, replica: str, hashes: Sequence[int]) -> None:
         self._write(model, replica, hashes, self.settings.routed_ttl_s)
@@ -188,9 +219,10 @@ class MemoryPrefixIndex:
     async def apply_events(self, events: Sequence[CacheEvent]) -> None:
         for ev in events:
             if isinstance(ev, BlockStored):
-                self._write(ev.model, ev.replica, ev.hashes, self.settings.stored_ttl_s)
+                self._write(ev.model, ev.replica, ev.hashes, self.settings.stored_ttl_s,
+                            _bit(ev.tier))
             elif isinstance(ev, BlockRemoved):
-                self._remove(ev.model, ev.replica, ev.hashes)
+                self._remove(ev.model, ev.replica, ev.hashes, _bit(ev.tier))
             elif isinstance(ev, AllBlocksCleared):
                 self._purge(ev.model, ev.replica)
             else:
@@ -252,6 +284,10 @@ class MemoryPrefixIndex:
 
     async def close(self) -> None:
         return None
+
+
+def _bit(tier: Tier) -> int:
+    return _DEVICE if tier == "device" else tier_bit(tier)
 
 
 def _session_digest(session_id: str) -> bytes:

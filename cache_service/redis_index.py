@@ -9,6 +9,7 @@ xxh3_64(model), mapped back to the model name in ``{ns}:m``)::
     {ns}:c:<tag>            HASH  replica -> HSCAN cursor of its incremental expiry sweep
     {ns}:h:<tag>            ZSET  replica -> last heartbeat (ms)               liveness
     {ns}:d:<tag>            ZSET  replica -> tombstone time (removed / dead replicas)
+    {ns}:t:<tag>            SET   replicas that stored a block in a slower tier (host, disk)
     {ns}:m                  HASH  tag -> model name (for purge_dead / stats)
     {ns}:s:<digest>         STRING "model\nreplica" of a session (xxh3_128 of its id), PX ttl
 
@@ -84,8 +85,8 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from . import redis_scripts as lua
-from .events import AllBlocksCleared, BlockRemoved, BlockStored, CacheEvent
-from .index import IndexSettings, IndexStats, MatchInfo
+from .events import AllBlocksCleared, BlockRemoved, BlockStored, CacheEvent, tier_bit
+from .index import IndexSettings, IndexStats, Match, MatchInfo
 
 __all__ = ["RedisPrefixIndex"]
 
@@ -93,7 +94,7 @@ _MAX_HASHES_PER_CALL = 16_384  # bigger write batches are split so one script st
 _NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.:-]+$")
 _NATIVE_U64 = array.array("Q").itemsize == 8
 
-Op = tuple[str, str, str, int, Sequence[int]]  # kind, model, replica, ttl_ms, hashes
+Op = tuple[str, str, str, int, Sequence[int], int]  # kind, model, replica, ttl_ms, hashes, tier
 
 
 def _ms(seconds: float) -> int:
@@ -114,15 +115,20 @@ def _split(ops: Sequence[Op]) -> list[Op]:
     """Cut ops with more than ``_MAX_HASHES_PER_CALL`` hashes into consecutive pieces."""
     out: list[Op] = []
     step = _MAX_HASHES_PER_CALL
-    for kind, model, replica, ttl_ms, hashes in ops:
+    for kind, model, replica, ttl_ms, hashes, tier in ops:
         if len(hashes) <= step:
-            out.append((kind, model, replica, ttl_ms, hashes))
+            out.append((kind, model, replica, ttl_ms, hashes, tier))
         else:
             out += [
-                (kind, model, replica, ttl_ms, hashes[i : i + step])
+                (kind, model, replica, ttl_ms, hashes[i : i + step], tier)
                 for i in range(0, len(hashes), step)
             ]
     return out
+
+
+def _match(value: int | list[int]) -> Match:
+    """A replica's reply: matched blocks, or [matched, of which not on the device]."""
+    return Match(value) if isinstance(value, int) else Match(value[0], value[1])
 
 
 class RedisPrefixIndex:
@@ -165,7 +171,8 @@ class RedisPrefixIndex:
         return tag
 
     def key(self, kind: str, model: str, replica: str | None = None) -> str:
-        """r: holdings (needs replica), p: holders, c: cursors, h: heartbeats, d: tombstones."""
+        """r: holdings (needs replica), p: holders, c: cursors, h: heartbeats, d: tombstones,
+        t: replicas with slower-tier blocks."""
         base = f"{self.prefix}{kind}:{self.tag(model)}"
         return base if replica is None else f"{base}:{replica}"
 
@@ -181,10 +188,11 @@ class RedisPrefixIndex:
         keys: list[str] = []
         args: list[Any] = [self._live_ms, self._tomb_ms]
         for model in models:
-            keys += self._model_keys(model)
+            keys += [*self._model_keys(model), self.key("t", model)]
             args += [self.key("r", model) + ":", _blob(hashes_by_model[model])]
-        matches: list[dict[str, int]] = json.loads(await self._lookup(keys=keys, args=args))
-        return dict(zip(models, matches, strict=True))
+        replies: list[dict[str, Any]] = json.loads(await self._lookup(keys=keys, args=args))
+        return {m: {r: _match(v) for r, v in found.items()}
+                for m, found in zip(models, replies, strict=True)}
 
     # ---- sessions -------------------------------------------------------------------------
 
@@ -207,18 +215,18 @@ class RedisPrefixIndex:
 
     async def record_routed(self, model: str, replica: str, hashes: Sequence[int]) -> None:
         if hashes:
-            await self._write([("S", model, replica, _ms(self.settings.routed_ttl_s), hashes)])
+            await self._write([("S", model, replica, _ms(self.settings.routed_ttl_s), hashes, 1)])
 
     async def apply_events(self, events: Sequence[CacheEvent]) -> None:
         stored_ms = _ms(self.settings.stored_ttl_s)
         ops: list[Op] = []
         for ev in events:
             if isinstance(ev, BlockStored):
-                ops.append(("S", ev.model, ev.replica, stored_ms, ev.hashes))
+                ops.append(("S", ev.model, ev.replica, stored_ms, ev.hashes, tier_bit(ev.tier)))
             elif isinstance(ev, BlockRemoved):
-                ops.append(("D", ev.model, ev.replica, 0, ev.hashes))
+                ops.append(("D", ev.model, ev.replica, 0, ev.hashes, tier_bit(ev.tier)))
             elif isinstance(ev, AllBlocksCleared):
-                ops.append(("C", ev.model, ev.replica, 0, ()))
+                ops.append(("C", ev.model, ev.replica, 0, (), 1))
             else:
                 raise TypeError(f"not a cache event: {ev!r}")
         await self._write(ops)
@@ -239,17 +247,17 @@ class RedisPrefixIndex:
     async def _write_call(self, ops: Sequence[Op]) -> None:
         keys: list[str] = [self._models_key]
         args: list[Any] = [_ms(self.settings.max_ttl_s)]
-        for kind, model, replica, ttl_ms, hashes in ops:
+        for kind, model, replica, ttl_ms, hashes, tier in ops:
             keys += [self.key("d", model), self.key("r", model, replica)]
-            keys += [self.key("p", model), self.key("c", model)]
-            args += [kind, self.tag(model), model, replica, ttl_ms, _blob(hashes)]
+            keys += [self.key("p", model), self.key("c", model), self.key("t", model)]
+            args += [kind, self.tag(model), model, replica, ttl_ms, _blob(hashes), tier]
         await self._write_script(keys=keys, args=args)
 
     # ---- liveness -------------------------------------------------------------------------
 
     async def _liveness_call(self, op: str, model: str, replica: str) -> None:
         keys = [self._models_key, *self._model_keys(model), self.key("c", model)]
-        keys.append(self.key("r", model, replica))
+        keys += [self.key("r", model, replica), self.key("t", model)]
         await self._liveness(keys=keys, args=[op, self.tag(model), model, replica])
 
     async def heartbeat(self, model: str, replica: str) -> None:
@@ -275,7 +283,8 @@ class RedisPrefixIndex:
         models = await self._models()
         if not models:
             return 0
-        keys = [k for m in models for k in (*self._model_keys(m), self.key("c", m))]
+        keys = [k for m in models
+                for k in (*self._model_keys(m), self.key("c", m), self.key("t", m))]
         args = [self._live_ms, self._tomb_ms, *(self.key("r", m) + ":" for m in models)]
         return int(await self._purge_dead(keys=keys, args=args))
 

@@ -91,6 +91,10 @@ class SimKwargs(_Strict):
     vocab_size: int | None = Field(None, ge=1, description="Token ids emitted are below it.")
     eos_every: int | None = Field(None, ge=0, description="An EOS every N tokens; 0: never.")
     script_path: str | None = Field(None, description="Scripted replies (workers/sim_script.py).")
+    host_kv_blocks: int | None = Field(None, ge=0, description="Host-tier KV blocks; 0: none.")
+    host_reload_tok_s: float | None = Field(None, gt=0, description="Host -> device reload rate.")
+    lease_fraction: float | None = Field(None, ge=0, le=1,
+                                         description="Most of the KV that leases may hold.")
 
 
 class VllmKvEvents(_Strict):

@@ -99,6 +99,7 @@ def _ratio(num: float, den: float) -> float | None:
 def model_summary(samples: Samples, model: str, ready: int | None) -> dict[str, Any]:
     prompt = total(samples, "kvroute_prompt_tokens_total", model=model)
     cached = total(samples, "kvroute_cached_tokens_total", model=model)
+    host = total(samples, "kvroute_host_cached_tokens_total", model=model)
     predicted = total(samples, "kvroute_predicted_cached_tokens_total", model=model)
     ttft = buckets_of(samples, "kvroute_ttft_seconds", model=model)
     replicas = {
@@ -119,6 +120,8 @@ def model_summary(samples: Samples, model: str, ready: int | None) -> dict[str, 
         "cached_tokens": cached,
         "predicted_cached_tokens": predicted,
         "cached_ratio": _ratio(cached, prompt),
+        "device_cached_ratio": _ratio(cached - host, prompt),  # hits per KV tier
+        "host_cached_ratio": _ratio(host, prompt),
         "predicted_cached_ratio": _ratio(predicted, prompt),
         "prediction_accuracy": _ratio(cached, predicted),
         "ttft_p50_s": histogram_quantile(0.5, ttft),
@@ -201,13 +204,15 @@ def _models_table(data: dict[str, Any]) -> Any:
 
     t = Table(title="Models", title_justify="left")
     for col in ("model", "ready", "requests", "retries", "prompt tok", "cached (actual)",
-                "cached (predicted)", "actual/predicted", "TTFT p50", "TTFT p99"):
+                "device / host", "cached (predicted)", "actual/predicted", "TTFT p50",
+                "TTFT p99"):
         t.add_column(col, justify="left" if col == "model" else "right")
     for name, m in data["models"].items():
         ready = m["ready_replicas"]
         shown = "–" if ready is None else f"[{'green' if ready else 'red'}]{ready}[/]"
         t.add_row(name, shown, _requests(m["requests"]), _num(m["retries"]),
                   _num(m["prompt_tokens"]), _pct(m["cached_ratio"]),
+                  f"{_pct(m['device_cached_ratio'])} / {_pct(m['host_cached_ratio'])}",
                   _pct(m["predicted_cached_ratio"]), _pct(m["prediction_accuracy"]),
                   _dur(m["ttft_p50_s"]), _dur(m["ttft_p99_s"]))
     return t

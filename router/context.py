@@ -5,6 +5,7 @@ A new signal is a new field here, never a new parameter on every plugin.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -14,6 +15,9 @@ from router.load import ReplicaLoad
 # A request sent this long before a report may not have reached the worker when it was
 # taken (dispatch, Serve's queue): count it as ours, once too often rather than never.
 ADMIT_SLACK_S = 0.05
+# A replica that holds slower-tier blocks but does not report its reload cost: assume a
+# reload takes a quarter of the prefill it saves (host DRAM over PCIe is ~10x faster).
+DEFAULT_RELOAD_COST = 0.25
 
 
 @dataclass(slots=True)
@@ -23,6 +27,8 @@ class Candidate:
     model: str
     replica: str
     matched_tokens: int = 0  # leading prompt tokens the index says this replica holds
+    host_tokens: int = 0  # of matched_tokens, held in a slower tier (reloaded on a hit)
+    reload_cost: float = 0.0  # a reloaded token's time in prefill tokens' worth (reported)
     ongoing: int = 0
     queued_prefill_tokens: int = 0
     kv_usage: float = 0.0
@@ -63,11 +69,16 @@ class RequestContext:
     sticky: tuple[str, str] | None = None  # the session's last (model, replica)
 
     def uncached(self, c: Candidate) -> int:
-        return max(0, self.prompt_tokens.get(c.model, 0) - c.matched_tokens)
+        """Prefill work on ``c`` in tokens: the tokens it lacks, plus its slower-tier hits at
+        their reload cost (a device hit is free, a host hit costs a reload)."""
+        missing = max(0, self.prompt_tokens.get(c.model, 0) - c.matched_tokens)
+        if not c.host_tokens:
+            return missing
+        return missing + math.ceil(min(c.host_tokens, c.matched_tokens) * c.reload_cost)
 
 
 def build_candidate(
-    model: str, replica: str, *, matched_blocks: int, block_size: int,
+    model: str, replica: str, *, matched_blocks: int, block_size: int, host_blocks: int = 0,
     local: ReplicaLoad, reported: Mapping[str, float], prefill_tok_s: float,
     max_ongoing: int = 1 << 30, now: float | None = None,
 ) -> Candidate:
@@ -75,11 +86,14 @@ def build_candidate(
 
     ``local`` is this router's view of the replica (``LoadTracker.get``), ``reported`` the
     worker's routing stats (``LoadStats.routing_stats``), ``now`` the clock of both
-    (default: wall-clock time).
+    (default: wall-clock time). ``host_blocks``: the part of the match in a slower tier,
+    priced at the replica's reported ``reload_cost`` (``DEFAULT_RELOAD_COST`` unreported).
     """
     ongoing, queued, from_report, age = _merged_load(local, reported, now)
     return Candidate(
-        model, replica, matched_tokens=matched_blocks * block_size, ongoing=ongoing,
+        model, replica, matched_tokens=matched_blocks * block_size,
+        host_tokens=host_blocks * block_size,
+        reload_cost=float(reported.get("reload_cost", DEFAULT_RELOAD_COST)), ongoing=ongoing,
         queued_prefill_tokens=queued, kv_usage=float(reported.get("kv_usage", 0.0)),
         routed=local.routed, prefill_tok_s=prefill_tok_s, max_ongoing=max_ongoing,
         prefill_tokens_total=int(reported.get("prefill_tokens_total", 0)),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from cache_service.index import host_blocks
 from router.admission import AdmissionParams, backed_up
 from router.context import Candidate, RequestContext, build_candidate
 from router.load import LoadTracker, Ticket
@@ -35,15 +36,16 @@ class Decider:
                    matches: Mapping[str, int], now: float) -> list[Candidate]:
         """One candidate per replica: matched blocks, load merged from the report and this
         router's view (``router.context.build_candidate``) at wall-clock ``now``."""
-        return [
-            build_candidate(
-                model, info.replica, matched_blocks=matches.get(info.replica, 0),
+        out = []
+        for info in replicas:
+            matched = matches.get(info.replica, 0)
+            out.append(build_candidate(
+                model, info.replica, matched_blocks=matched, host_blocks=host_blocks(matched),
                 block_size=self.block_size, local=self.loads.get(model, info.replica),
                 reported=info.stats, prefill_tok_s=self.prior,
                 max_ongoing=info.max_ongoing_requests, now=now,
-            )
-            for info in replicas
-        ]
+            ))
+        return out
 
     def must_wait(self, candidates: list[Candidate], others_waiting: bool) -> bool:
         """Admission: hold the request while every candidate is backed up, or while

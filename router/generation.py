@@ -111,7 +111,8 @@ class Generation:
         """The resumed replica counted the sent tokens as prompt: count them as output."""
         u = msg.usage
         usage = Usage(self.prompt_tokens, self.carried + u.completion_tokens,
-                      min(u.cached_tokens, self.prompt_tokens))
+                      min(u.cached_tokens, self.prompt_tokens),
+                      min(u.host_cached_tokens, u.cached_tokens, self.prompt_tokens))
         return dataclasses.replace(msg, usage=usage)
 
     def _observe(self, msg: WorkerMessage) -> None:

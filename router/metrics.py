@@ -30,6 +30,9 @@ REQUESTS = Counter("kvroute_requests", "Routed requests by outcome", ["model", "
 PROMPT_TOKENS = Counter("kvroute_prompt_tokens", "Prompt tokens", ["model"], registry=REGISTRY)
 CACHED_TOKENS = Counter("kvroute_cached_tokens", "Prompt tokens the engine served from cache",
                         ["model"], registry=REGISTRY)
+HOST_CACHED_TOKENS = Counter("kvroute_host_cached_tokens",
+                             "Of the cached prompt tokens, those reloaded from a slower KV tier "
+                             "(host memory, disk)", ["model"], registry=REGISTRY)
 PREDICTED_TOKENS = Counter("kvroute_predicted_cached_tokens",
                            "Prompt tokens the router predicted cached", ["model"],
                            registry=REGISTRY)

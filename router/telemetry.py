@@ -48,6 +48,8 @@ def record_usage(info: RequestInfo, usage: Usage, predicted: int) -> None:
     m = info.model
     metrics.PROMPT_TOKENS.labels(m).inc(prompt)
     metrics.CACHED_TOKENS.labels(m).inc(cached)
+    if usage.host_cached_tokens:
+        metrics.HOST_CACHED_TOKENS.labels(m).inc(usage.host_cached_tokens)
     metrics.PREDICTED_TOKENS.labels(m).inc(predicted)
     metrics.OUTPUT_TOKENS.labels(m).inc(out)
     info.tokens_out = out

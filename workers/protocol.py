@@ -53,6 +53,7 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    host_cached_tokens: int = 0  # of cached_tokens, reloaded from a slower tier (host, disk)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +75,8 @@ class LoadStats:
     own estimate (``router.context.build_candidate``). The cumulative counters (uncached
     tokens prefilled, seconds spent prefilling; 0 = not reported) let the router learn
     the replica's prefill rate. ``taken_at`` is wall-clock time, comparable across hosts.
+    ``reload_cost`` (0 = no slower tier): the time to bring one token's KV back from the
+    host or disk tier, in prefill tokens' worth (reload time / prefill time per token).
     """
 
     ongoing_requests: int
@@ -85,6 +88,7 @@ class LoadStats:
     decode_batch: int = 0
     prefill_tok_s: float = 0.0
     taken_at: float = field(default_factory=time.time, compare=False)
+    reload_cost: float = 0.0
 
     def prefill_rate(self) -> float:
         """Tokens/s: the lifetime average when counted, else the engine's own figure, else
@@ -106,6 +110,8 @@ class LoadStats:
         if self.prefill_busy_s > 0:
             out["prefill_tokens_total"] = self.prefill_tokens_total
             out["prefill_busy_s"] = self.prefill_busy_s
+        if self.reload_cost > 0:
+            out["reload_cost"] = self.reload_cost
         return out
 
 

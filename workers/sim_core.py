@@ -3,12 +3,18 @@
 It emulates an LLM engine for routing tests and benchmarks on CPUs (like NVIDIA
 Dynamo's mocker or llm-d's inference simulator); it runs no model. The model:
 
-* KV cache: ``kv_blocks`` (C) blocks keyed by chained block hashes. Blocks used by a
-  running request are pinned; cached blocks no request uses are evictable, LRU first
-  (a released prompt's deepest block goes first, so shared prefixes survive longest).
+* KV cache: ``kv_blocks`` (C) blocks keyed by chained block hashes, with an optional host
+  tier of ``host_kv_blocks`` and leases (``workers.sim_kv``). Blocks used by a running
+  request are pinned; cached blocks no request uses are evictable, LRU first (a released
+  prompt's deepest block goes first, so shared prefixes survive longest).
   Only a prompt's hashed blocks occupy the cache; the partial tail and decoded tokens
   are not charged. The emulator never refuses or preempts: if pinned blocks leave no
   room, the rest of the prompt is simply not cached.
+* Host tier: host blocks in the request's leading run are reloaded onto the device, at
+  ``host_reload_tok_s``; they count as cached tokens (``host_cached_tokens`` says how many)
+  and their reload runs in the prefill slot: the prefill takes ``uncached / P + reloaded /
+  R`` seconds. The prefill work is counted in prefill tokens: a reloaded token costs
+  ``reload_cost = P / R`` of one (reported in the load, so the router prices it alike).
 * Prefill: FIFO, one request at a time. When a request reaches the head, its hit is the
   longest cached leading run of its hashes; ``cached_tokens = min(hit * block_size,
   prompt_len - 1)`` (at least one token is computed, to produce the first token, as vLLM
@@ -39,17 +45,19 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import struct
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 import xxhash
 
-from cache_service.events import AllBlocksCleared, BlockRemoved, BlockStored, CacheEvent
+from cache_service.events import CacheEvent
 from cache_service.hashing import DEFAULT_BLOCK_SIZE
 from workers.protocol import LoadStats
+from workers.sim_kv import SimKv
 
 LABEL = "sim (engine emulator)"
 _TOKEN_KEY = struct.Struct("<QQQ")
@@ -67,8 +75,15 @@ class SimParams:
     tpot_per_batch_s: float = 0.0002  # added per extra decoding request
     vocab_size: int = 4096
     eos_every: int = 0  # 0 = never emit EOS
+    host_kv_blocks: int = 0  # C2: host-tier blocks (0: no host tier)
+    host_reload_tok_s: float = 120000.0  # R: host -> device reload rate
+    lease_fraction: float = 0.25  # most of C that leases may hold
 
     def __post_init__(self) -> None:
+        if self.host_kv_blocks < 0 or self.host_reload_tok_s <= 0:
+            raise ValueError("host_kv_blocks must be >= 0 and host_reload_tok_s > 0")
+        if not 0.0 <= self.lease_fraction <= 1.0:
+            raise ValueError("lease_fraction must be in [0, 1]")
         if self.kv_blocks < 1 or self.block_size < 1 or self.vocab_size < 1:
             raise ValueError("kv_blocks, block_size and vocab_size must be >= 1")
         if self.prefill_tok_s <= 0 or self.tpot_s < 0 or self.tpot_per_batch_s < 0:
@@ -91,6 +106,11 @@ class SimParams:
     def step_time(self, batch: int) -> float:
         return self.tpot_s + self.tpot_per_batch_s * max(0, batch - 1)
 
+    @property
+    def reload_cost(self) -> float:
+        """Prefill tokens' worth of time to reload one host token (0: no host tier)."""
+        return self.prefill_tok_s / self.host_reload_tok_s if self.host_kv_blocks else 0.0
+
 
 @dataclass(frozen=True, slots=True)
 class SimRequest:
@@ -102,6 +122,7 @@ class SimRequest:
     seed: int = 0
     eos: bool = True  # False = ignore EOS (SamplingParams.ignore_eos)
     script: tuple[int, ...] | None = None  # scripted reply: emitted instead of sim_token
+    lease_s: float = 0.0  # keep the prompt's blocks this long after the request finishes
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +141,7 @@ class SimFinish:
     completion_tokens: int
     cached_tokens: int
     reason: str  # "stop" | "length" | "abort"
+    host_cached_tokens: int = 0  # of cached_tokens, reloaded from the host tier
 
 
 SimOutput = SimToken | SimFinish
@@ -135,8 +157,10 @@ def sim_token(prompt_key: int, seed: int, position: int, vocab_size: int) -> int
 class _Req:
     spec: SimRequest
     state: str = "waiting"  # "waiting" | "prefill" | "decode"
-    uncached: int = 0  # waiting: an estimate at submit; exact from prefill start
+    uncached: int = 0  # prefill work (tokens): an estimate at submit; exact from prefill start
     cached: int = 0
+    host_cached: int = 0
+    reloaded: list[int] = field(default_factory=list)
     pinned: list[int] = field(default_factory=list)
     to_store: list[int] = field(default_factory=list)  # reserved, stored at prefill end
     generated: int = 0
@@ -155,14 +179,12 @@ class SimCore:
         self._heap: list[tuple[float, int, str]] = []
         self._seq = itertools.count()
         self._decoding = 0
-        self._free: OrderedDict[int, None] = OrderedDict()  # cached, evictable, LRU first
-        self._pinned: dict[int, int] = {}  # cached and used: hash -> running requests
-        self._reserved = 0  # slots of blocks being prefilled
+        self.kv = SimKv(params.kv_blocks, params.host_kv_blocks, params.lease_fraction,
+                        model, replica)
         self._queued_tokens = 0  # uncached tokens of waiting and prefilling requests
         self._prefill_start = 0.0  # when the running prefill started
         self._prefilled_tokens = 0  # cumulative counters of finished prefill work
         self._prefill_busy_s = 0.0
-        self._events: list[CacheEvent] = []
         self._pending: list[SimOutput] = []
 
     # -- clock-facing API ------------------------------------------------------------
@@ -177,7 +199,7 @@ class SimCore:
             raise ValueError(f"request {req.request_id!r} is already running")
         self._run_until(now)
         r = _Req(req)
-        r.uncached = req.prompt_len - self._cached_tokens(req, self.cached_prefix_blocks(req))
+        r.uncached = self._work(req, *self.kv.prefix(req.block_hashes))[0]
         self._reqs[req.request_id] = r
         self._queued_tokens += r.uncached
         self._waiting.append(req.request_id)
@@ -209,28 +231,20 @@ class SimCore:
 
     # -- cache-facing API ------------------------------------------------------------
     def cached_prefix_blocks(self, req: SimRequest) -> int:
-        """Leading blocks of ``req`` cached right now (does not touch the LRU order)."""
-        n = 0
-        for h in req.block_hashes:
-            if h not in self._free and h not in self._pinned:
-                break
-            n += 1
-        return n
+        """Leading blocks of ``req`` cached right now, any tier (does not touch the LRU)."""
+        return self.kv.prefix(req.block_hashes)[0]
 
     @property
     def cached_blocks(self) -> int:
-        return len(self._free) + len(self._pinned)
+        return self.kv.cached
 
     def drain_events(self) -> list[CacheEvent]:
-        events, self._events = self._events, []
+        events, self.kv.events = self.kv.events, []
         return events
 
     def clear(self) -> None:
         """Reset the prefix cache: drop evictable blocks; blocks in use stay (re-announced)."""
-        self._free.clear()
-        self._events.append(AllBlocksCleared(self.model, self.replica))
-        if self._pinned:
-            self._events.append(BlockStored(self.model, self.replica, tuple(self._pinned)))
+        self.kv.clear()
 
     def load(self, now: float | None = None) -> LoadStats:
         """Load at ``now`` (default: the core's clock; not before it, and no event is run).
@@ -241,13 +255,14 @@ class SimCore:
         t = self._now if now is None else max(now, self._now)
         done_tok, done_s = self._running_progress(t)
         # Like vLLM's kv_cache_usage: evictable cached blocks count as free.
-        used = len(self._pinned) + self._reserved
+        used = len(self.kv.pinned) + self.kv.reserved
         return LoadStats(
             len(self._reqs), self._queued_tokens - done_tok, used / self.params.kv_blocks,
             remaining_prefill_exact=True,
             prefill_tokens_total=self._prefilled_tokens + done_tok,
             prefill_busy_s=self._prefill_busy_s + done_s, decode_batch=self._decoding,
             prefill_tok_s=self.params.prefill_tok_s, taken_at=t,
+            reload_cost=self.params.reload_cost,
         )
 
     # -- internals -------------------------------------------------------------------
@@ -286,39 +301,44 @@ class SimCore:
         r.seq = next(self._seq)
         heapq.heappush(self._heap, (at, r.seq, r.spec.request_id))
 
-    def _cached_tokens(self, req: SimRequest, hit_blocks: int) -> int:
-        return min(hit_blocks * self.params.block_size, req.prompt_len - 1)
+    def _work(self, req: SimRequest, hit: int, host: int) -> tuple[int, int, int]:
+        """(prefill work in tokens, cached tokens, of which reloaded from host): at least
+        one token is computed; a reloaded token costs ``reload_cost`` of a prefill token."""
+        cached = min(hit * self.params.block_size, req.prompt_len - 1)
+        host_tok = min(host * self.params.block_size, cached)
+        reload = math.ceil(host_tok * self.params.reload_cost)
+        return req.prompt_len - cached + reload, cached, host_tok
 
     def _start_next(self, t: float) -> None:
         if self._prefilling is not None or not self._waiting:
             return
         r = self._reqs[self._waiting.popleft()]
-        hit = self.cached_prefix_blocks(r.spec)
-        r.cached = self._cached_tokens(r.spec, hit)
-        self._queued_tokens += (r.spec.prompt_len - r.cached) - r.uncached
-        r.uncached = r.spec.prompt_len - r.cached
-        missing: dict[int, None] = {}
-        for h in r.spec.block_hashes:
-            if h in self._free or h in self._pinned:
-                self._pin(h, r)
+        hit, host = self.kv.prefix(r.spec.block_hashes)
+        work, r.cached, r.host_cached = self._work(r.spec, hit, host)
+        self._queued_tokens += work - r.uncached
+        r.uncached = work
+        needed: dict[int, None] = {}  # blocks to reload (the leading run's), then to compute
+        reload: set[int] = set()
+        for i, h in enumerate(r.spec.block_hashes):
+            if self.kv.on_device(h):
+                self.kv.pin(h, r.pinned)
             else:
-                missing[h] = None
-        room = self.params.kv_blocks - self.cached_blocks - self._reserved
-        self._evict(len(missing) - room)
-        room = self.params.kv_blocks - self.cached_blocks - self._reserved
-        r.to_store = list(missing)[: max(0, room)]
-        self._reserved += len(r.to_store)
+                needed[h] = None
+                if i < hit:
+                    reload.add(h)
+        self.kv.make_room(len(needed), t)
+        r.to_store = list(needed)[: max(0, self.kv.room())]
+        r.reloaded = [h for h in r.to_store if h in reload]
+        self.kv.take_from_host(r.reloaded)
+        self.kv.reserved += len(r.to_store)
         r.state, self._prefilling = "prefill", r.spec.request_id
         self._prefill_start = t
         self._schedule(r, t + r.uncached / self.params.prefill_tok_s)
 
     def _end_prefill(self, r: _Req) -> None:
-        self._reserved -= len(r.to_store)
-        for h in r.to_store:
-            self._pin(h, r)
-        if r.to_store:
-            self._events.append(BlockStored(self.model, self.replica, tuple(r.to_store)))
-        r.to_store = []
+        self.kv.reserved -= len(r.to_store)
+        self.kv.store(r.to_store, r.pinned, r.reloaded)
+        r.to_store, r.reloaded = [], []
         self._queued_tokens -= r.uncached
         self._credit_prefill(r.uncached, r.uncached / self.params.prefill_tok_s)
         self._prefilling = None
@@ -362,37 +382,15 @@ class SimCore:
             self._credit_prefill(*self._running_progress(t))  # the work done before the cancel
         del self._reqs[spec.request_id]
         if r.state == "prefill":
-            self._reserved -= len(r.to_store)
+            self.kv.reserved -= len(r.to_store)
+            self.kv.store([], r.pinned, r.reloaded)  # reloads not done: they left the host
             self._queued_tokens -= r.uncached
             self._prefilling = None
         elif r.state == "waiting":
             self._queued_tokens -= r.uncached
         else:
             self._decoding -= 1
-        self._release(r)
-        return SimFinish(spec.request_id, t, spec.prompt_len, r.generated, r.cached, reason)
-
-    def _pin(self, h: int, r: _Req) -> None:
-        if h in self._free:
-            del self._free[h]
-        self._pinned[h] = self._pinned.get(h, 0) + 1
-        r.pinned.append(h)
-
-    def _release(self, r: _Req) -> None:
-        # Deepest block first into the LRU, so it is evicted before its prefix.
-        for h in reversed(r.pinned):
-            n = self._pinned[h] - 1
-            if n:
-                self._pinned[h] = n
-            else:
-                del self._pinned[h]
-                self._free[h] = None
+        self.kv.release(r.pinned, t + spec.lease_s if spec.lease_s > 0 else 0.0, t)
         r.pinned = []
-
-    def _evict(self, n: int) -> None:
-        removed = []
-        while n > 0 and self._free:
-            removed.append(self._free.popitem(last=False)[0])
-            n -= 1
-        if removed:
-            self._events.append(BlockRemoved(self.model, self.replica, tuple(removed)))
+        return SimFinish(spec.request_id, t, spec.prompt_len, r.generated, r.cached, reason,
+                         r.host_cached)

@@ -235,6 +235,7 @@ class SimEngine:
         if tail or stream.held:
             stream.queue.put_nowait(TokenChunk(tail, tuple(stream.held)))
             stream.held = []
-        usage = Usage(fin.prompt_tokens, fin.completion_tokens, fin.cached_tokens)
+        usage = Usage(fin.prompt_tokens, fin.completion_tokens, fin.cached_tokens,
+                      fin.host_cached_tokens)
         stream.queue.put_nowait(Finished(usage, fin.reason, stream.stops.matched))
         del self._streams[rid]

@@ -26,7 +26,7 @@ from typing import Any
 from deploy.routing import PROFILES
 from ops.sim.calibrate import REFERENCE, calibrate_speedup
 from ops.sim.oracle import no_queue_ttft, summary
-from ops.sim.report import bench_json, format_table, prefill_busy
+from ops.sim.report import bench_json, format_table, host_ratio, prefill_busy
 from ops.sim.simulator import SimConfig, simulate
 from ops.sim.trace import TraceRequest, ideal_reuse, load_trace, offered_load, speedup_for_load
 from workers.sim_core import LABEL
@@ -45,6 +45,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     rate.add_argument("--busy", type=float, help="speedup keeping --busy-policy this busy")
     p.add_argument("--busy-policy", default=REFERENCE, help="reference policy of --busy")
     p.add_argument("--kv-blocks", type=int, default=1000, help="C: KV cache blocks per replica")
+    p.add_argument("--host-kv-blocks", type=int, default=0,
+                   help="C2: host-tier KV blocks per replica (0: no second tier)")
+    p.add_argument("--host-reload-tok-s", type=float, default=120000.0,
+                   help="R: host -> device reload rate of the second tier")
     p.add_argument("--block-size", type=int, default=512, help="tokens per trace hash_id")
     p.add_argument("--prefill-tok-s", type=float, default=12000.0, help="P: engine prefill rate")
     p.add_argument("--tpot-ms", type=float, default=20.0, help="decode step at batch 1")
@@ -79,6 +83,7 @@ def config_from_args(args: argparse.Namespace, trace: list[TraceRequest]) -> Sim
     """The run's config (policy set per run); resolves --load / --busy to a speedup."""
     cfg = SimConfig(
         replicas=args.replicas, speedup=args.speedup or 1.0, kv_blocks=args.kv_blocks,
+        host_kv_blocks=args.host_kv_blocks, host_reload_tok_s=args.host_reload_tok_s,
         block_size=args.block_size, prefill_tok_s=args.prefill_tok_s,
         tpot_s=args.tpot_ms / 1000.0, tpot_per_batch_s=args.tpot_per_batch_ms / 1000.0,
         seed=args.seed, prior_prefill_tok_s=args.prior_prefill_tok_s,
@@ -106,6 +111,7 @@ def run_one(trace: list[TraceRequest], cfg: SimConfig, trace_path: str) -> dict[
         "offered_load": offered_load(trace, cfg.speedup, cfg.replicas, cfg.prefill_tok_s,
                                      cfg.block_size),
         "prefill_busy": prefill_busy(result),
+        "host_cached_token_ratio": host_ratio(result),
     }
     return bench_json(result, Path(trace_path).stem, params)
 

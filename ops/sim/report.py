@@ -6,7 +6,8 @@ Definitions, all in virtual seconds:
 * TPOT: (finish - first token) / (completion tokens - 1), requests with >= 2 tokens.
 * E2E: finish - arrival.
 * throughput_tok_s: completion tokens / (last finish - first arrival).
-* cached_token_ratio: tokens the engines served from cache / prompt tokens (actual).
+* cached_token_ratio: tokens the engines served from cache / prompt tokens (actual), any
+  tier; ``params.host_cached_token_ratio``: the part reloaded from the host tier.
 * predicted_cached_token_ratio: the index's matched tokens for the chosen replica at
   routing time (capped at prompt - 1 as the engine counts) / prompt tokens.
 * Percentiles: linear interpolation between order statistics (numpy's default).
@@ -69,6 +70,13 @@ def bench_json(result: SimResult, workload: str, params: Mapping[str, Any]) -> d
     }
 
 
+def host_ratio(result: SimResult) -> float:
+    """Prompt tokens served from the host tier / prompt tokens (finished requests)."""
+    done = [r for r in result.records if r.finish_s is not None]
+    prompt = sum(r.prompt_tokens for r in done)
+    return sum(r.host_cached_tokens for r in done) / prompt if prompt else 0.0
+
+
 def prefill_busy(result: SimResult) -> float:
     """Realised prefill load: prefill seconds / (replicas x arrival window). Above 1,
     the trace brings more prefill than the fleet can do and queues grow."""
@@ -82,7 +90,7 @@ def prefill_busy(result: SimResult) -> float:
 _COLUMNS = (
     ("workload", "{:<22}"), ("N", "{:>2}"), ("load", "{:>5.2f}"), ("speedup", "{:>7.3f}"),
     ("policy", "{:<20}"), ("ttft_mean", "{:>9.3f}"), ("ttft_p50", "{:>8.3f}"),
-    ("ttft_p99", "{:>8.3f}"), ("hit%", "{:>5.1f}"), ("pred%", "{:>5.1f}"),
+    ("ttft_p99", "{:>8.3f}"), ("hit%", "{:>5.1f}"), ("host%", "{:>5.1f}"), ("pred%", "{:>5.1f}"),
     ("busy%", "{:>5.1f}"),
 )
 
@@ -94,6 +102,7 @@ def row(bench: Mapping[str, Any]) -> dict[str, Any]:
         "speedup": p["speedup"], "policy": bench["policy"], "ttft_mean": t["mean"],
         "ttft_p50": t["p50"], "ttft_p99": t["p99"],
         "hit%": 100 * bench["cached_token_ratio"],
+        "host%": 100 * p.get("host_cached_token_ratio", 0.0),
         "pred%": 100 * bench["predicted_cached_token_ratio"],
         "busy%": 100 * p["prefill_busy"],
     }

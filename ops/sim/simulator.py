@@ -62,6 +62,8 @@ class SimConfig:
     replicas: int = 8
     speedup: float = 1.0
     kv_blocks: int = 1000  # C, per replica
+    host_kv_blocks: int = 0  # C2, per replica: the host tier (0: none)
+    host_reload_tok_s: float = 120000.0  # R: host -> device reload rate
     block_size: int = 512
     prefill_tok_s: float = 12000.0  # P, the emulated engines' real rate
     tpot_s: float = 0.020
@@ -88,6 +90,7 @@ class RequestRecord:
     first_token_s: float | None = None
     finish_s: float | None = None
     cached_tokens: int = 0
+    host_cached_tokens: int = 0  # of cached_tokens, reloaded from the host tier
     completion_tokens: int = 0
 
 
@@ -148,6 +151,7 @@ class Simulator:
         params = SimParams(
             kv_blocks=cfg.kv_blocks, block_size=cfg.block_size, prefill_tok_s=cfg.prefill_tok_s,
             tpot_s=cfg.tpot_s, tpot_per_batch_s=cfg.tpot_per_batch_s,
+            host_kv_blocks=cfg.host_kv_blocks, host_reload_tok_s=cfg.host_reload_tok_s,
         )
         self.replicas = [
             _Replica(f"r{i}", SimCore(params, cfg.model, f"r{i}"), random.Random(cfg.seed + i))
@@ -256,6 +260,7 @@ class Simulator:
             rec = self.records[out.request_id]
             if isinstance(out, SimFinish):
                 rec.finish_s, rec.cached_tokens = out.time, out.cached_tokens
+                rec.host_cached_tokens = out.host_cached_tokens
                 rec.completion_tokens = out.completion_tokens
                 self.loads.end(self._tickets.pop(out.request_id), out.time)
             elif out.index == 0:  # first token: prefill just ended

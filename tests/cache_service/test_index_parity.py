@@ -217,3 +217,39 @@ async def test_sessions_remember_the_last_pair_then_expire(
     assert await index.session("user 2 with spaces\nand a newline") == ("m1", "r2")
     await asyncio.sleep(WAIT)
     assert await index.session("s1") is None
+
+
+LONG = block_hashes(list(range(64 * 40)), salt=model_salt("m1"))  # 40 blocks: past the exact head
+
+
+async def test_tiers_host_part_of_a_match(
+    new_index: IndexFactory, settings_for: SettingsFor
+) -> None:
+    """Each held block carries its tiers: the match counts every tier, ``host`` the part
+    past the leading device-held run; a block leaves the index when its last tier goes."""
+    index = new_index(settings_for())
+    await index.apply_events([
+        BlockStored("m1", "dev", tuple(LONG)),  # no tier: device, as older workers send
+        BlockStored("m1", "mixed", tuple(LONG[:30])),
+        BlockStored("m1", "mixed", tuple(LONG[12:30]), tier="host"),  # offloaded copies
+        BlockRemoved("m1", "mixed", tuple(LONG[12:30])),  # device copies dropped
+        BlockStored("m1", "head", tuple(LONG[:5])),
+        BlockStored("m1", "head", tuple(LONG[5:9]), tier="host"),
+        BlockStored("m1", "disk", tuple(LONG[:20]), tier="disk"),
+    ])
+    got = (await index.lookup({"m1": LONG}))["m1"]
+    assert got == {"dev": 40, "mixed": 30, "head": 9, "disk": 20}
+    assert {r: m.host for r, m in got.items()} == {"dev": 0, "mixed": 18, "head": 4, "disk": 20}
+    # A routed write puts the blocks back on the device; the host copies stay.
+    await index.record_routed("m1", "mixed", LONG[:30])
+    assert (await index.lookup({"m1": LONG}))["m1"]["mixed"].host == 0
+    await index.apply_events([BlockRemoved("m1", "mixed", tuple(LONG[:12]))])  # no host copy
+    assert "mixed" not in (await index.lookup({"m1": LONG}))["m1"]
+    assert (await index.lookup({"m1": LONG[12:]}))["m1"]["mixed"] == 18  # 12..29: both tiers
+    await index.apply_events([BlockRemoved("m1", "disk", tuple(LONG[10:20]), tier="disk"),
+                              BlockRemoved("m1", "head", tuple(LONG[5:9]))])  # not on device
+    got = (await index.lookup({"m1": LONG}))["m1"]
+    assert (got["disk"], got["disk"].host) == (10, 10)
+    assert (got["head"], got["head"].host) == (9, 4)
+    await index.apply_events([AllBlocksCleared("m1", "disk")])
+    assert "disk" not in (await index.lookup({"m1": LONG}))["m1"]

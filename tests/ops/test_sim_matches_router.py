@@ -63,11 +63,14 @@ class Lockstep(Simulator):
         self.picks.append((self.records[rid].replica, core_pick))
 
 
-@pytest.mark.parametrize("policy", ["kvroute", "round-robin", "sglang-cache-aware"])
-def test_one_trace_gives_the_same_picks_in_sim_and_router(tiny_model_dir: Path,
-                                                          policy: str) -> None:
+@pytest.mark.parametrize(("policy", "host_blocks"), [
+    ("kvroute", 0), ("kvroute", 800), ("round-robin", 0), ("sglang-cache-aware", 0)])
+def test_one_trace_gives_the_same_picks_in_sim_and_router(tiny_model_dir: Path, policy: str,
+                                                          host_blocks: int) -> None:
+    """With a host tier too: both price its hits from the same index answer and reports."""
     trace = load_trace(MOONCAKE, max_requests=150)
-    cfg = SimConfig(replicas=4, kv_blocks=400, policy=policy, model="lockstep",
+    cfg = SimConfig(replicas=4, kv_blocks=400 if not host_blocks else 100, policy=policy,
+                    model="lockstep", host_kv_blocks=host_blocks,
                     speedup=speedup_for_load(trace, 0.8, 4, 12000.0, 512))
     config = KvrouteConfig(
         models=[ModelConfig(name=cfg.model, engine="sim", model_path=str(tiny_model_dir),
@@ -75,12 +78,15 @@ def test_one_trace_gives_the_same_picks_in_sim_and_router(tiny_model_dir: Path,
         index=IndexConfig(block_size=cfg.block_size),
         router=RouterConfig(policy=policy, prefill_tokens_per_s=cfg.prior_prefill_tok_s))
 
-    async def run() -> list[tuple[str, str]]:
+    async def run() -> Lockstep:
         sim = Lockstep(cfg, RouterCore(config, {cfg.model: _Handle()}))  # type: ignore[dict-item]
         await sim.run(trace)
-        return sim.picks
+        return sim
 
-    picks = asyncio.run(run())
+    sim = asyncio.run(run())
+    picks = sim.picks
+    host_hits = sum(r.host_cached_tokens for r in sim.records.values())
+    assert (host_hits > 0) == (host_blocks > 0)
     assert len(picks) == len(trace)
     assert len({p for p, _ in picks}) > 1  # a real spread, not one replica throughout
     assert [p for p, _ in picks] == [c for _, c in picks]

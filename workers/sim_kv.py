@@ -1,0 +1,173 @@
+"""KV blocks of the ``sim`` engine EMULATOR: a device tier, a host tier, and leases.
+
+* Device: ``kv_blocks`` (C1) blocks. Blocks a running request uses are pinned; the others
+  are evictable, LRU first (a released prompt's deepest block goes first, so shared
+  prefixes outlive their tails).
+* Leases: a finished request may ask to keep its blocks until a deadline (``lease_s``, the
+  router's guess of the session's next turn). Leased blocks are evicted only when no
+  unleased evictable block is left; an expired lease is an ordinary block again. Leases never
+  hold more than ``lease_fraction`` of C1: a new lease pushes the oldest one out of the lease.
+* Host: ``host_kv_blocks`` (C2, 0 = none). A block evicted from the device moves to host
+  (LRU; the host's own LRU block is dropped when full). A request whose leading run reaches
+  host blocks reloads them onto the device, at ``host_reload_tok_s`` (the caller charges
+  the time); tiers are exclusive, as blocks move.
+
+Events are exact per tier (``cache_service.events``): a move to host is
+``BlockStored(host)`` then ``BlockRemoved(device)``; a reload is ``BlockStored(device)`` then
+``BlockRemoved(host)``; a host drop is ``BlockRemoved(host)``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+
+from cache_service.events import AllBlocksCleared, BlockRemoved, BlockStored, CacheEvent
+
+
+class SimKv:
+    """Block bookkeeping of one emulated replica (clock-free: callers pass ``now``)."""
+
+    def __init__(self, device: int, host: int, lease_fraction: float, model: str,
+                 replica: str) -> None:
+        self.device, self.host_cap = device, host
+        self.max_leased = int(lease_fraction * device)
+        self.model, self.replica = model, replica
+        self.free: OrderedDict[int, None] = OrderedDict()  # evictable, unleased, LRU first
+        self.leased: OrderedDict[int, None] = OrderedDict()  # evictable, leased, oldest first
+        self.deadline: dict[int, float] = {}  # lease deadline of pinned or leased blocks
+        self.pinned: dict[int, int] = {}  # in use: hash -> running requests
+        self.host: OrderedDict[int, None] = OrderedDict()  # host tier, LRU first
+        self.reserved = 0  # device slots of blocks being prefilled or reloaded
+        self.events: list[CacheEvent] = []
+        self._next_expiry = float("inf")
+
+    # -- queries -------------------------------------------------------------------------
+    def on_device(self, h: int) -> bool:
+        return h in self.pinned or h in self.free or h in self.leased
+
+    def prefix(self, hashes: Sequence[int]) -> tuple[int, int]:
+        """(leading blocks held in any tier, how many of them are on host)."""
+        n = host = 0
+        for h in hashes:
+            if self.on_device(h):
+                pass
+            elif h in self.host:
+                host += 1
+            else:
+                break
+            n += 1
+        return n, host
+
+    @property
+    def cached(self) -> int:
+        """Blocks on the device (in use or evictable)."""
+        return len(self.free) + len(self.leased) + len(self.pinned)
+
+    def room(self) -> int:
+        return self.device - self.cached - self.reserved
+
+    # -- a request's life ------------------------------------------------------------------
+    def pin(self, h: int, owner: list[int]) -> None:
+        self.free.pop(h, None)
+        self.leased.pop(h, None)
+        self.pinned[h] = self.pinned.get(h, 0) + 1
+        owner.append(h)
+
+    def release(self, owned: list[int], lease_until: float, now: float) -> None:
+        """Unpin a request's blocks, deepest first; leased until ``lease_until`` if later
+        than ``now`` (a block keeps the latest of its leases)."""
+        for h in reversed(owned):
+            n = self.pinned[h] - 1
+            if n:
+                self.pinned[h] = n
+                continue
+            del self.pinned[h]
+            until = max(lease_until, self.deadline.get(h, 0.0))
+            if until > now and self.max_leased > 0:
+                self._lease(h, until)
+            else:
+                self.deadline.pop(h, None)
+                self.free[h] = None
+
+    def _lease(self, h: int, until: float) -> None:
+        while len(self.leased) >= self.max_leased:  # the oldest lease gives way
+            old, _ = self.leased.popitem(last=False)
+            self.deadline.pop(old, None)
+            self.free[old] = None
+        self.leased[h] = None
+        self.deadline[h] = until
+        self._next_expiry = min(self._next_expiry, until)
+
+    def make_room(self, n: int, now: float) -> None:
+        """Evict until ``n`` more blocks fit (or nothing evictable is left)."""
+        need = n - self.room()
+        if need <= 0:
+            return
+        if now >= self._next_expiry:
+            self._expire(now)
+        victims = []
+        while need > 0 and (self.free or self.leased):
+            pool = self.free if self.free else self.leased
+            h, _ = pool.popitem(last=False)
+            self.deadline.pop(h, None)
+            victims.append(h)
+            need -= 1
+        self._demote(victims)
+
+    def store(self, hashes: Sequence[int], owner: list[int], reloaded: Iterable[int]) -> None:
+        """Prefill (or reload) done: the reserved blocks are on the device, pinned."""
+        for h in hashes:
+            self.pin(h, owner)
+        if hashes:
+            self.events.append(BlockStored(self.model, self.replica, tuple(hashes)))
+        if back := tuple(reloaded):
+            self.events.append(BlockRemoved(self.model, self.replica, back, tier="host"))
+
+    def take_from_host(self, hashes: Iterable[int]) -> None:
+        """Blocks being reloaded leave the host tier (their event comes with ``store``)."""
+        for h in hashes:
+            self.host.pop(h, None)
+
+    def clear(self) -> None:
+        """Drop every evictable block and the host tier; blocks in use are re-announced."""
+        self.free.clear()
+        self.leased.clear()
+        self.host.clear()
+        self.deadline = {h: t for h, t in self.deadline.items() if h in self.pinned}
+        self.events.append(AllBlocksCleared(self.model, self.replica))
+        if self.pinned:
+            self.events.append(BlockStored(self.model, self.replica, tuple(self.pinned)))
+
+    # -- internals -----------------------------------------------------------------------
+    def _expire(self, now: float) -> None:
+        """Expired leases become the least recently used unleased blocks."""
+        gone = [h for h in self.leased if self.deadline.get(h, 0.0) <= now]
+        for h in reversed(gone):
+            del self.leased[h]
+            self.deadline.pop(h, None)
+            self.free[h] = None
+            self.free.move_to_end(h, last=False)
+        self._next_expiry = min((self.deadline[h] for h in self.leased), default=float("inf"))
+
+    def _demote(self, victims: list[int]) -> None:
+        """Evicted device blocks go to host (dropping the host's LRU blocks when full)."""
+        if not victims:
+            return
+        if self.host_cap <= 0:
+            self.events.append(BlockRemoved(self.model, self.replica, tuple(victims)))
+            return
+        for h in victims:
+            self.host[h] = None
+            self.host.move_to_end(h)
+        dropped = []
+        while len(self.host) > self.host_cap:
+            dropped.append(self.host.popitem(last=False)[0])
+        moved = set(victims)
+        kept = tuple(h for h in victims if h in self.host)
+        lost = tuple(h for h in dropped if h not in moved)  # announced on host before
+        if kept:
+            self.events.append(BlockStored(self.model, self.replica, kept, tier="host"))
+        self.events.append(BlockRemoved(self.model, self.replica, tuple(victims)))
+        if lost:
+            self.events.append(BlockRemoved(self.model, self.replica, lost, tier="host"))
