@@ -25,6 +25,7 @@ from tokenizers import Tokenizer
 
 from router.prompt_cache import IncrementalEncoder, PromptCacheConfig, boundary_tokens
 from router.tokenize_setup import TokenCache, off_loop, with_env
+from router.tool_parsers.mistral import ID_RULE, with_nine_char_ids
 
 # Template variables beyond messages and tools, as (name, value) pairs (hashable, typed):
 # the reasoning switches some templates read (``router.reasoning_parsers.controls``).
@@ -96,6 +97,7 @@ class ChatTokenizer:
         env.globals["raise_exception"] = _raise
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         self.template_source: str = template
+        self._nine_char_ids = ID_RULE in template
         self._template = env.from_string(template)
         self._specials = {
             "bos_token": _token_text(cfg.get("bos_token")) or "",
@@ -127,6 +129,8 @@ class ChatTokenizer:
         options: TemplateOptions | None = None,
     ) -> str:
         """``options``: variables some templates read (``enable_thinking``, ...)."""
+        if self._nine_char_ids:  # Mistral's templates raise on other ids (clients send any)
+            messages = with_nine_char_ids(messages)
         try:
             return self._template.render(
                 messages=messages, tools=tools or None,
