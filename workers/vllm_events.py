@@ -8,7 +8,10 @@ vLLM's publisher format (``/work/shared/PEERS.md``, vLLM ``ZmqEventPublisher``):
   big-endian bytes, and msgpack ``[timestamp, [event, ...], dp_rank]``;
 * each event a map tagged ``"type"``: ``BlockStored`` (``block_hashes`` u64,
   ``parent_block_hash`` u64 or None, ``token_ids`` of those blocks, ``block_size``,
-  ``group_idx``), ``BlockRemoved`` (``block_hashes``, ``group_idx``), ``AllBlocksCleared``.
+  ``lora_id``, ``medium``, ``lora_name``, ``group_idx``), ``BlockRemoved``
+  (``block_hashes``, ``medium``, ``group_idx``), ``AllBlocksCleared``. vllm-router 0.1.17
+  drops a batch whose BlockStored lacks ``lora_id``, ``medium`` or ``lora_name`` (they
+  may be None, but must be there, as vLLM always sends them).
 
 The peers re-hash ``token_ids`` themselves; our hashes only name blocks (for parents and
 removals). The emulator's blocks are kvroute's canonical blocks (64 tokens); a peer given a
@@ -39,6 +42,7 @@ from cache_service.events import AllBlocksCleared, BlockRemoved, BlockStored, Ca
 __all__ = ["BlockInfo", "VllmEventEncoder", "VllmEventPublisher"]
 
 _SUB = struct.Struct("<QQ")
+MEDIUM = "GPU"  # vLLM's name for the device tier
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +87,8 @@ class VllmEventEncoder:
                 out.extend(self._stored(ev.hashes))
             elif isinstance(ev, BlockRemoved):
                 hashes = [s for h in ev.hashes for s in self.sub_hashes(h)]
-                out.append({"type": "BlockRemoved", "block_hashes": hashes, "group_idx": 0})
+                out.append({"type": "BlockRemoved", "block_hashes": hashes, "medium": MEDIUM,
+                            "group_idx": 0})
             elif isinstance(ev, AllBlocksCleared):
                 out.append({"type": "AllBlocksCleared"})
         return out
@@ -110,6 +115,9 @@ class VllmEventEncoder:
             "parent_block_hash": self._blocks[run[0]].parent,
             "token_ids": tokens.tolist(),
             "block_size": self.block_size,
+            "lora_id": None,
+            "medium": MEDIUM,
+            "lora_name": None,
             "group_idx": 0,
         }
 

@@ -69,7 +69,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_bench)
     modes = p.add_subparsers(dest="bench_mode", metavar="{compare,router,index,engines}")
     c = modes.add_parser(
-        "compare", help="kvroute vs round-robin vs sglang-router over the same replicas",
+        "compare", help="kvroute vs peer routers (sglang-router, smg, vllm-router) on the "
+        "same replicas",
         description=_compare_doc(), formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     c.add_argument("--engine", choices=["sim", "mlx", "vllm"], default="sim")
@@ -80,7 +81,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--tpot-ms", type=float, default=20.0, help="sim: decode step at batch 1")
     c.add_argument("--kv-blocks", type=int, default=4096, help="sim: 64-token blocks / replica")
     c.add_argument("--overhead-samples", type=int, default=300)
-    c.add_argument("--routers", default=",".join(_routers()), help="comma-separated subset")
+    c.add_argument("--routers", default="kvroute,round-robin,sglang-router",
+                   help=f"comma-separated, or `all`: {','.join(_routers())}")
     c.add_argument("--markdown", type=Path, help="also write a markdown report here")
     c.add_argument("--sglang-args", default="",
                    help="extra sglang-router flags for the cache_aware run (default: none)")
@@ -239,7 +241,9 @@ def _compare_doc() -> str:
 
 
 def _routers() -> tuple[str, ...]:
-    return ("kvroute", "round-robin", "sglang-router")
+    from ops.bench.compare import ROUTERS
+
+    return ROUTERS
 
 
 def _agent_params(args: argparse.Namespace) -> Any:
@@ -332,7 +336,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.workload != "agent":
         raise SystemExit("bench compare runs --workload agent: sglang-router 0.3.2 refuses the "
                          "token-id prompts of trace replay on /v1/completions (HTTP 422)")
-    routers = tuple(r.strip() for r in args.routers.split(",") if r.strip())
+    routers = _routers() if args.routers.strip() == "all" else \
+        tuple(r.strip() for r in args.routers.split(",") if r.strip())
     unknown = set(routers) - set(_routers())
     if unknown:
         raise SystemExit(f"--routers: unknown {sorted(unknown)}")

@@ -4,13 +4,22 @@
         --out compare.json --plot docs/img
 
 It deploys the worker replicas once, with ``direct_http`` on (each replica also
-serves its own OpenAI endpoint, ``router.direct_http``), reads their endpoints
-from ``GET /kvroute/replicas``, and runs the same workload through, in turn:
+serves its own OpenAI endpoint, ``router.direct_http``) and, on the sim engine,
+``vllm_kv_events`` (each replica publishes its KV events in vLLM's ZMQ format,
+``workers.vllm_events``), reads their endpoints from ``GET /kvroute/replicas``, and
+runs the same workload through, in turn (``--routers``; ``all`` = every one):
 
 * ``kvroute``: kvroute's router (Serve proxy -> ingress -> replica);
 * ``round-robin``: sglang-router with ``--policy round_robin`` over the endpoints
   (a plain round-robin: sglang-router's own, so both peers share one HTTP stack);
-* ``sglang-router``: sglang-router with ``--policy cache_aware``, default thresholds.
+* ``sglang-router``: sglang-router 0.3.2 with ``--policy cache_aware``, default thresholds;
+* ``smg``: smg 1.13 ``cache_aware`` (its text tree: its exact index needs gRPC engines);
+* ``vllm-router``: vllm-router 0.1.17 ``kv_aware``, fed by the replicas' KV events;
+* ``vllm-router-cache-aware``: vllm-router's text tree.
+
+The peers other than sglang-router run from venvs of their own (``ops.bench.peers``);
+every flag that changes their routing goes into the JSON (``params.router_flags``).
+Per router, also ``cpu_s_per_request`` and ``added_latency_s`` (``ops.bench.lineup``).
 
 Each run uses its own salt at the start of every prompt (``ops.bench.workloads``),
 so no run finds the cache warmed by an earlier one: the workload is otherwise
@@ -30,25 +39,25 @@ import asyncio
 import datetime as dt
 import os
 import platform
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import numpy as np
 
+from ops.bench import lineup, peers
 from ops.bench.client import Client, LoadSpec, Record, Runner, agent_driver
+from ops.bench.procs import Subprocess, free_port
 from ops.bench.report import bench_json, stats
 from ops.bench.workloads import AgentParams, AgentWorkload
 
-ROUTERS = ("kvroute", "round-robin", "sglang-router")
+ROUTERS = ("kvroute", "round-robin", "sglang-router", "smg", "vllm-router",
+           "vllm-router-cache-aware")
 SGLANG_POLICY = {"round-robin": "round_robin", "sglang-router": "cache_aware"}
 MODEL = "bench-model"
+__all__ = ["MODEL", "ROUTERS", "CompareSpec", "Subprocess", "free_port", "run_compare"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,16 +77,12 @@ class CompareSpec:
     routers: tuple[str, ...] = ROUTERS
     pause_s: float = 5.0  # idle time between runs
     sglang_args: tuple[str, ...] = ()  # extra sglang-router flags (cache_aware run only)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    event_block_size: int = 16  # the replicas' vLLM-format KV events (vllm-router kv_aware)
+    idle_samples: int = 100  # per router: minimal requests on the idle system
 
 
 def build_config(spec: CompareSpec, model_path: str, port: int) -> Any:
-    from deploy.config import KvrouteConfig, ModelConfig, ServerConfig
+    from deploy.config import KvrouteConfig, ModelConfig, ServerConfig, VllmKvEvents
 
     kwargs: dict[str, int | float | str | bool] = {}
     if spec.engine == "sim":
@@ -86,80 +91,33 @@ def build_config(spec: CompareSpec, model_path: str, port: int) -> Any:
         name=MODEL, engine=spec.engine, model_path=model_path,  # type: ignore[arg-type]
         num_replicas=spec.replicas, num_cpus=0.5, engine_kwargs=kwargs, direct_http=True,
         context_window=spec.context_window, max_ongoing_requests=spec.max_ongoing_requests,
+        vllm_kv_events=VllmKvEvents(block_size=spec.event_block_size)
+        if spec.engine == "sim" else None,
     )
     return KvrouteConfig(models=[model], server=ServerConfig(host="127.0.0.1", port=port))
 
 
 async def replica_endpoints(url: str, n: int, timeout_s: float = 120.0) -> list[str]:
     """The direct endpoints of the model's replicas, once all ``n`` report one."""
+    return [h for h, _ in await replica_info(url, n, timeout_s)]
+
+
+async def replica_info(url: str, n: int, timeout_s: float = 120.0
+                       ) -> list[tuple[str, str | None]]:
+    """(direct endpoint, vLLM-format KV-event endpoint or None) of each replica, sorted,
+    once all ``n`` report a direct endpoint."""
     deadline = time.monotonic() + timeout_s
     async with aiohttp.ClientSession() as s:
         while True:
             async with s.get(f"{url}/kvroute/replicas") as r:
                 data = await r.json() if r.status == 200 else {}
-            found = sorted(x["http"] for x in data.get("models", {}).get(MODEL, [])
-                           if x.get("http"))
+            found = sorted((f"http://{x['http']}", x.get("kv_events"))
+                           for x in data.get("models", {}).get(MODEL, []) if x.get("http"))
             if len(found) >= n:
-                return [f"http://{a}" for a in found]
+                return found
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{len(found)} of {n} replicas report a direct endpoint")
             await asyncio.sleep(0.5)
-
-
-class Subprocess:
-    """A server we start, in its own process group, stopped by its own pid."""
-
-    def __init__(self, name: str, cmd: list[str], ready_url: str) -> None:
-        self.name, self.cmd, self.ready_url = name, cmd, ready_url
-        self.log = Path(tempfile.mkstemp(prefix=f"kvroute-{name}-", suffix=".log")[1])
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        """Fork and exec (quick); readiness is awaited by ``__aenter__``."""
-        with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
-
-    async def __aenter__(self) -> Subprocess:
-        self.start()
-        try:
-            await self._wait_ready(60.0)
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.stop()
-
-    async def _wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as s:
-            while time.monotonic() < deadline:
-                assert self.proc is not None
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"{self.name} exited: {self.tail()}")
-                try:
-                    async with s.get(self.ready_url) as r:
-                        if r.status == 200:
-                            return
-                except (aiohttp.ClientError, TimeoutError):
-                    pass
-                await asyncio.sleep(0.25)
-        raise TimeoutError(f"{self.name} not ready: {self.tail()}")
-
-    def tail(self, n: int = 2000) -> str:
-        return self.log.read_text(errors="replace")[-n:]
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.killpg(self.proc.pid, 15)  # its own group: only what we started
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, 9)
-            self.proc.wait(10)
 
 
 def sglang_router(endpoints: list[str], policy: str, model_path: str,
@@ -179,16 +137,6 @@ def plain_echo() -> Subprocess:
 
 
 # -- overheads ---------------------------------------------------------------------------
-async def _timed(s: aiohttp.ClientSession, method: str, url: str,
-                 body: dict[str, Any] | None) -> float:
-    start = time.perf_counter()
-    async with s.request(method, url, json=body) as r:
-        await r.read()
-        if r.status != 200:
-            raise RuntimeError(f"{url}: HTTP {r.status}")
-    return time.perf_counter() - start
-
-
 async def measure_overheads(url: str, direct: str, echo_serve: str, echo_plain: str,
                             samples: int) -> dict[str, Any]:
     """Interleaved, sequential minimal requests on the idle system."""
@@ -204,7 +152,7 @@ async def measure_overheads(url: str, direct: str, echo_serve: str, echo_plain: 
     async with aiohttp.ClientSession() as s:
         for i in range(samples + 20):  # the first 20 warm connections and caches up
             for name, (method, u, b) in targets.items():
-                t = await _timed(s, method, u, b)
+                t = await lineup.timed(s, method, u, b)
                 if i >= 20:
                     times[name].append(t)
     lat = {k: stats(v, (50, 90, 99)) for k, v in times.items()}
@@ -239,7 +187,8 @@ async def _compare(spec: CompareSpec, url: str, model_path: str, show: bool
                    ) -> tuple[dict[str, Any], dict[str, list[Record]]]:
     from ops.bench.echo import ECHO_ROUTE
 
-    endpoints = await replica_endpoints(url, spec.replicas)
+    info = await replica_info(url, spec.replicas)
+    endpoints = [h for h, _ in info]
     async with plain_echo() as echo:
         await _wait_ok(f"{url}{ECHO_ROUTE}")
         overheads = await measure_overheads(url, endpoints[0], f"{url}{ECHO_ROUTE}",
@@ -249,18 +198,52 @@ async def _compare(spec: CompareSpec, url: str, model_path: str, show: bool
     for name in spec.routers:
         await asyncio.sleep(spec.pause_s)
         if name == "kvroute":
-            records[name], benches[name] = await run_one(name, url, spec, show)
+            records[name], benches[name] = await _measured(
+                name, url, endpoints[0], lineup.kvroute_processes(), spec, show)
             continue
-        policy = SGLANG_POLICY[name]
-        extra = spec.sglang_args if policy == "cache_aware" else ()
-        async with sglang_router(endpoints, policy, model_path, extra) as proc:
-            target = proc.ready_url.rsplit("/v1/", 1)[0]
-            records[name], benches[name] = await run_one(name, target, spec, show)
-            benches[name]["params"]["router_cmd"] = proc.cmd[1:]
+        proc, flags = launch(name, info, spec, model_path)
+        async with proc:
+            records[name], benches[name] = await _measured(
+                name, proc.base_url, endpoints[0], proc.processes(), spec, show)
+        benches[name]["params"].update(router_cmd=proc.cmd[1:], router_flags=flags)
     result = {"routers": benches, **overheads, "endpoints": endpoints, "env": environment(),
               "router_overhead_goal_s": overhead_goal(overheads["serve_proxy_overhead_s"])}
     result["goals"] = check_goals(result)
     return result, records
+
+
+async def _measured(name: str, target: str, direct: str, procs: list[Any], spec: CompareSpec,
+                    show: bool) -> tuple[list[Record], dict[str, Any]]:
+    """One router's run with its idle added latency first and its CPU over the run."""
+    added = await lineup.idle_added_latency(target, direct, MODEL, spec.idle_samples)
+    meter = lineup.CpuMeter(procs)
+    meter.start()
+    records, bench = await run_one(name, target, spec, show)
+    meter.stop()
+    bench.update(meter.summary(bench["requests"]), added_latency_s=added)
+    return records, bench
+
+
+def launch(name: str, info: list[tuple[str, str | None]], spec: CompareSpec,
+           model_path: str) -> tuple[Subprocess, dict[str, Any]]:
+    """The peer router ``name`` over the replicas (not started), and its routing flags."""
+    endpoints, events = [h for h, _ in info], [e for _, e in info]
+    if name in SGLANG_POLICY:
+        policy = SGLANG_POLICY[name]
+        extra = spec.sglang_args if policy == "cache_aware" else ()
+        proc = sglang_router(endpoints, policy, model_path, extra)
+        return proc, {"--policy": policy, "extra": list(extra)}
+    if name == "smg":
+        run = peers.smg(name, endpoints, model_path, "cache_aware")
+    elif name == "vllm-router":
+        run = peers.vllm_router(name, endpoints, events, model_path, "kv_aware",
+                                spec.event_block_size)
+    elif name == "vllm-router-cache-aware":
+        run = peers.vllm_router(name, endpoints, events, model_path, "cache_aware",
+                                spec.event_block_size)
+    else:
+        raise ValueError(f"unknown router {name!r}; known: {', '.join(ROUTERS)}")
+    return run.process(), dict(run.flags)
 
 
 async def _wait_ok(url: str, timeout_s: float = 60.0) -> None:
@@ -351,5 +334,5 @@ def environment() -> dict[str, Any]:
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs",
         "python": platform.python_version(), "ray": ray.__version__,
-        "sglang_router": sglang, "numpy": np.__version__,
+        "sglang_router": sglang, "numpy": np.__version__, "peers": dict(peers.VERSIONS),
     }

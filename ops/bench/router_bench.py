@@ -38,6 +38,7 @@ import psutil
 
 from ops.bench.client import Record
 from ops.bench.compare import MODEL, CompareSpec, build_config, free_port, replica_endpoints
+from ops.bench.lineup import timed
 from ops.bench.report import bench_json, stats
 
 MODES: dict[str, dict[str, str]] = {
@@ -132,23 +133,14 @@ def _cpu(proc: psutil.Process) -> float:
 
 
 # -- one mode -----------------------------------------------------------------------------
-async def _post(s: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> float:
-    start = time.perf_counter()
-    async with s.post(url, json=body) as r:
-        await r.read()
-        if r.status != 200:
-            raise RuntimeError(f"{url}: HTTP {r.status}: {(await r.text())[:200]}")
-    return time.perf_counter() - start
-
-
 async def _one(s: aiohttp.ClientSession, url: str, direct: str, proc: psutil.Process,
                chat: list[dict[str, Any]], ids: list[int]) -> tuple[float, float, float]:
     """(router CPU s, latency through kvroute s, latency straight to the replica s)."""
     before = _cpu(proc)
-    latency = await _post(s, f"{url}/v1/chat/completions",
+    latency = await timed(s, "POST", f"{url}/v1/chat/completions",
                           {"model": MODEL, "messages": chat, "max_tokens": 1})
     cpu = _cpu(proc) - before
-    direct_s = await _post(s, f"{direct}/v1/completions",
+    direct_s = await timed(s, "POST", f"{direct}/v1/completions",
                            {"model": MODEL, "prompt": ids, "max_tokens": 1})
     return cpu, latency, direct_s
 
@@ -207,7 +199,7 @@ async def stall(spec: RouterBenchSpec, prompts: Prompts, url: str, mode: str
                 await asyncio.sleep(spec.stall_window_s)
             else:
                 chat = prompts.one(f"{mode}-stall", max(spec.lengths))
-                await _post(s, f"{url}/v1/chat/completions",
+                await timed(s, "POST", f"{url}/v1/chat/completions",
                             {"model": MODEL, "messages": chat, "max_tokens": 1})
                 await asyncio.sleep(0.5)
             stop.set()

@@ -1,9 +1,11 @@
 """``kvroute bench compare`` end to end, for a few seconds: two sim replicas with their
-direct endpoints, kvroute's router, sglang-router twice (round_robin, cache_aware).
+direct endpoints (and vLLM-format KV events), kvroute's router, sglang-router twice
+(round_robin, cache_aware), smg (cache_aware), vllm-router (kv_aware, cache_aware). The
+peers' venvs are installed on first use (~40 s on a fresh machine, then cached).
 
 No performance assertions (a few seconds prove nothing): every router serves the
-workload without errors, the JSON has the contract's shape, the overheads are
-measured, and every sglang-router process is gone at the end.
+workload without errors, the JSON has the contract's shape, the overheads, CPU and idle
+latencies are measured, and every peer process is gone at the end.
 """
 
 from __future__ import annotations
@@ -27,15 +29,16 @@ SMALL = AgentParams(system_tokens=400, tools=4, subagent_system_tokens=100, repo
 
 @pytest.fixture
 def started(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[compare.Subprocess]]:
-    """Records every sglang-router process the compare starts."""
+    """Records every peer router process the compare starts."""
     procs: list[compare.Subprocess] = []
-    real = compare.sglang_router
+    real = compare.launch
 
-    def recording(*args: Any) -> compare.Subprocess:
-        procs.append(real(*args))
-        return procs[-1]
+    def recording(*args: Any) -> tuple[compare.Subprocess, dict[str, Any]]:
+        proc, flags = real(*args)
+        procs.append(proc)
+        return proc, flags
 
-    monkeypatch.setattr(compare, "sglang_router", recording)
+    monkeypatch.setattr(compare, "launch", recording)
     yield procs
     for p in procs:  # whatever happened, nothing of ours keeps running
         p.stop()
@@ -52,25 +55,35 @@ def test_short_compare_on_sim(ray_local: None, serve_port: int, tiny_model_dir: 
         load=LoadSpec(duration_s=4.0, concurrency=2, ramp_s=0.5, drain_timeout_s=60),
         sim={"prefill_tok_s": 50000.0, "tpot_s": 0.005, "tpot_per_batch_s": 0.0,
              "kv_blocks": 1000},
-        overhead_samples=10, pause_s=0.2,
+        overhead_samples=10, pause_s=0.2, idle_samples=3, routers=compare.ROUTERS,
     )
     try:
         result, records = compare.run_compare(spec, show=False)
     finally:
         serve.delete(runtime.APP_NAME)
-    assert set(result["routers"]) == {"kvroute", "round-robin", "sglang-router"}
+    assert set(result["routers"]) == {"kvroute", "round-robin", "sglang-router", "smg",
+                                      "vllm-router", "vllm-router-cache-aware"}
     for name, bench in result["routers"].items():
         report.validate(bench)
         assert bench["policy"] == name and bench["workload"] == "agent"
         assert bench["requests"] > 0 and bench["errors"] == 0, (name, bench["params"])
         assert bench["params"]["salt"] == name
         assert all(r.ok for r in records[name])
+        assert bench["cpu_s_per_request"] > 0 and bench["cpu_s_by_process"], name
+        assert set(bench["added_latency_s"]) >= {"p50", "p99", "router_p50", "direct_p50"}
+        if name != "kvroute":
+            assert bench["params"]["router_flags"]["--policy"], name
+    flags = result["routers"]["vllm-router"]["params"]
+    assert flags["router_flags"]["--policy"] == "kv_aware"
+    assert flags["router_cmd"].count("--kv-event-source") == 2  # both replicas' events
+    assert any("ServeReplica:kvroute:kvroute-router" in k
+               for k in result["routers"]["kvroute"]["cpu_s_by_process"])
     assert len(result["routers"]["round-robin"]["per_replica_requests"]) == 2
     assert len(result["endpoints"]) == 2
     for key in ("router_overhead_s", "serve_proxy_overhead_s"):
         assert set(result[key]) == {"p50", "p99"}
     assert result["latency_s"]["direct"]["p50"] > 0
     assert result["goals"]["zero_errors"] and result["goals"]["all_served"]
-    assert len(started) == 2
+    assert len(started) == 5
     assert all(p.proc is not None and p.proc.poll() is not None for p in started)
     assert "| kvroute |" in report.markdown_compare(result)

@@ -1,6 +1,7 @@
 """The sim engine's vLLM-format KV events (workers/vllm_events.py), read back over a real
-ZMQ SUB socket by a decoder that does what the peer routers do (PEERS.md): check the three
-frames, unpack the map-tagged events, re-hash ``token_ids`` per block and chain them by
+ZMQ SUB socket by a decoder that does what the peer routers do (PEERS.md, and the fields
+vllm-router's ``src/kv_index/wire.rs`` requires): check the three frames, unpack the
+map-tagged events, re-hash ``token_ids`` per block and chain them by
 ``parent_block_hash``; removals are by the published hashes."""
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ class PeerIndex:
     def _BlockStored(self, ev: dict) -> None:  # noqa: N802 (the wire's tag)
         bs, hashes, tokens = ev["block_size"], ev["block_hashes"], ev["token_ids"]
         assert bs == self.block_size and ev["group_idx"] == 0
+        # vllm-router's wire.rs: these have no default, a batch without them is dropped
+        assert {"lora_id", "medium", "lora_name", "parent_block_hash"} <= set(ev)
         assert len(tokens) == bs * len(hashes)
         parent = ev["parent_block_hash"]
         local = 0 if parent is None else self.blocks[parent][0]  # parent must be known
@@ -55,6 +58,7 @@ class PeerIndex:
             self.blocks[h] = (local, block)
 
     def _BlockRemoved(self, ev: dict) -> None:  # noqa: N802
+        assert "medium" in ev
         for h in ev["block_hashes"]:
             self.blocks.pop(h)  # a removal names a block that was stored
 
