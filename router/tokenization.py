@@ -92,7 +92,9 @@ class ChatTokenizer:
             template = (folder / "chat_template.jinja").read_text()
         if not template:
             raise ValueError(f"{folder} has no chat template")
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        # As transformers' apply_chat_template: loop controls ({% break %}: Kimi-K2-Thinking).
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                            extensions=["jinja2.ext.loopcontrols"])
         env.filters["tojson"] = _tojson
         env.globals["raise_exception"] = _raise
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
