@@ -8,7 +8,10 @@ in the model family's format (``router.tool_calls``); ``tool_choice`` values
 ``"required"`` and a named function are accepted but not enforced (decoding is
 not constrained), and ``parallel_tool_calls: false`` keeps the first call.
 ``response_format`` adds an instruction to the system message (see
-``router.openai_schema``). A client that disconnects aborts the generation.
+``router.openai_schema``). A thinking model's reasoning is parsed first
+(``router.reasoning_parsers``) and returned as ``reasoning_content``; the tool-call
+parser reads the answer after it; ``reasoning_effort`` goes to the template. A client
+that disconnects aborts the generation.
 """
 
 from __future__ import annotations

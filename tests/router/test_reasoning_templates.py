@@ -156,3 +156,19 @@ def test_the_three_apis_send_reasoning_back_alike(toks: dict[str, ChatTokenizer]
     assert THOUGHT in chat
     assert tok.render(a.messages, a.tools) == chat
     assert tok.render(r.messages, r.tools) == chat
+
+
+def test_a_stored_response_keeps_its_reasoning_for_the_next_turn() -> None:
+    """``previous_response_id``: the stored assistant turn carries its reasoning, as a
+    client sending the ``reasoning`` item back would."""
+    from router.reasoning_parsers import Reasoning
+    from router.responses_api import Output
+    from router.responses_tools import ToolCatalog
+
+    out = Output(ResponsesRequest.model_validate({"model": "m", "input": "hi"}), "resp_1",
+                 ToolCatalog(), single_call=False)
+    for ev in (Reasoning(THOUGHT), "Sunny."):
+        out.add(ev)
+    assert [i["type"] for i in out.items] == ["reasoning", "message"]
+    assert out.conversation_tail() == {"role": "assistant", "content": "Sunny.",
+                                       "reasoning_content": THOUGHT, "thinking": THOUGHT}
