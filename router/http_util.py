@@ -17,6 +17,7 @@ from router.auth import ApiKeyConfig
 from router.core import Generation, RouterCore
 from router.errors import ApiError
 from router.normalize import ChatPrompt
+from router.reasoning_parsers import fit_history
 from router.tokenization import ChatTokenizer, TemplateRenderError
 from workers.protocol import SamplingParams
 
@@ -170,8 +171,9 @@ async def encode_prompt(tok: ChatTokenizer, prompt: ChatPrompt) -> list[int]:
     """Render the chat template and tokenize, once, in the tokenize pool (off the event
     loop; only the new part of a growing prompt is tokenized, ``router.prompt_cache``); a
     conversation the template refuses is a 400."""
+    messages = fit_history(tok.template_source, prompt.messages)
     try:
-        return await tok.encode_chat(prompt.messages, prompt.tools, prompt.prefill or "",
+        return await tok.encode_chat(messages, prompt.tools, prompt.prefill or "",
                                     prompt.options)
     except TemplateRenderError as e:
         raise ApiError(400, str(e), "invalid_messages", "messages") from None

@@ -24,8 +24,10 @@ import functools
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from deploy.config import MODEL_CHECKS, ModelConfig
+from router.reasoning_parsers import harmony
 from router.reasoning_parsers.base import Piece, Reasoning, ReasoningParser
 from router.reasoning_parsers.harmony import HarmonyParser
 from router.reasoning_parsers.think import ThinkParser
@@ -33,7 +35,8 @@ from router.tokenization import ChatTokenizer
 from router.tool_parsers import ToolCall, ToolParser
 from workers.protocol import Chunk, WorkerMessage
 
-__all__ = ["Event", "Reasoning", "ReasoningParser", "SPECS", "events", "for_request", "resolve"]
+__all__ = ["Event", "Reasoning", "ReasoningParser", "SPECS", "events", "fit_history",
+           "for_request", "resolve"]
 log = logging.getLogger(__name__)
 Event = Reasoning | str | ToolCall
 
@@ -46,6 +49,8 @@ class Spec:
     make: Callable[[bool], ReasoningParser]  # argument: the prompt opened the reasoning
     opener: str  # at the end of the rendered prompt: the output starts inside reasoning
     detect: Callable[[str], bool]
+    # Past reasoning as the family's template accepts it (None: as normalised).
+    fit: Callable[[list[dict[str, Any]]], list[dict[str, Any]]] | None = None
 
 
 def _has(*parts: str) -> Callable[[str], bool]:
@@ -55,7 +60,7 @@ def _has(*parts: str) -> Callable[[str], bool]:
 _KIMI_CALLS = "<|tool_calls_section_begin|>"
 # Most specific first: every family but harmony writes <think>.
 SPECS: dict[str, Spec] = {s.name: s for s in (
-    Spec("gpt-oss", HarmonyParser, "", _has("<|channel|>", "analysis")),
+    Spec("gpt-oss", HarmonyParser, "", _has("<|channel|>", "analysis"), harmony.fit_history),
     Spec("kimi-k2", lambda inside: ThinkParser(inside, implicit_ends=(_KIMI_CALLS,)),
          "<think>", _has(_KIMI_CALLS, "<think>")),
     Spec("minimax-m2", ThinkParser, "<think>", _has("]~b]", "<think>")),
@@ -85,6 +90,19 @@ def detect(template: str | None, think_tokens: bool = False) -> str | None:
         if template and spec.detect(template):
             return spec.name
     return "qwen3" if think_tokens else None
+
+
+@functools.lru_cache(maxsize=64)
+def _template_spec(template: str) -> Spec | None:
+    name = detect(template)
+    return SPECS[name] if name else None
+
+
+def fit_history(template: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The conversation with its past reasoning in the shape the chat template accepts
+    (the template's own family: this is about rendering, whatever parses the output)."""
+    spec = _template_spec(template)
+    return spec.fit(messages) if spec is not None and spec.fit is not None else messages
 
 
 @functools.lru_cache(maxsize=64)

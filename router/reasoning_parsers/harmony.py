@@ -19,6 +19,7 @@ Format: https://github.com/openai/harmony (docs/format.md); vLLM keeps the same 
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from router.reasoning_parsers.base import Buffered, Piece, Reasoning, emit, partial_suffix
 
@@ -100,3 +101,16 @@ class HarmonyParser(Buffered):
         else:  # a call: its header once, then its body, then its terminator
             emit(out, self._header + text + (term or ""))
             self._header = ""
+
+
+def fit_history(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """gpt-oss's template refuses an assistant turn with tool calls that has both text
+    and reasoning (harmony keeps one analysis message before a call; the text was a
+    commentary preamble): the text joins the reasoning, where the template puts it."""
+    out = []
+    for m in messages:
+        if m.get("tool_calls") and m.get("content") and m.get("thinking"):
+            joined = f"{m['thinking']}\n\n{m['content']}"
+            m = {**m, "content": "", "thinking": joined, "reasoning_content": joined}
+        out.append(m)
+    return out

@@ -172,3 +172,22 @@ def test_a_stored_response_keeps_its_reasoning_for_the_next_turn() -> None:
     assert [i["type"] for i in out.items] == ["reasoning", "message"]
     assert out.conversation_tail() == {"role": "assistant", "content": "Sunny.",
                                        "reasoning_content": THOUGHT, "thinking": THOUGHT}
+
+
+def test_gpt_oss_takes_reasoning_text_and_a_call_in_one_turn(
+        toks: dict[str, ChatTokenizer]) -> None:
+    """A harmony turn of analysis, a commentary preamble and a call, sent back: gpt-oss's
+    template refuses text and reasoning on one tool-call turn, so the text joins the
+    reasoning (``fit_history``), as the template would render the preamble anyway."""
+    from router.reasoning_parsers import fit_history
+
+    tok = toks["gpt-oss"]
+    msgs = tool_loop(final_user=False)
+    msgs[2]["content"] = "Checking."
+    req = ChatCompletionRequest.model_validate({"model": "m", "messages": msgs, "tools": TOOLS})
+    raw = place_system(req.template_messages(), tok.system_in_place)
+    with pytest.raises(ValueError, match="Cannot pass both content and thinking"):
+        tok.render(raw, req.template_tools())
+    text = tok.render(fit_history(tok.template_source, raw), req.template_tools())
+    assert f"<|channel|>analysis<|message|>{THOUGHT}\n\nChecking.<|end|>" in text
+    assert fit_history(toks["qwen3"].template_source, raw) == raw  # others take both
