@@ -15,7 +15,8 @@ Either way the rendered prompt of turn N+1 must start with turn N's, so:
   rendered where they arrive, as text, so the prefix before them never moves;
 - ``reasoning`` items are the past reasoning (``reasoning_content``) of the assistant
   message that follows them, which the model's template renders as it does its own
-  (``encrypted_content`` is ignored); ``reasoning.effort`` goes to thinking templates;
+  (``encrypted_content`` is ignored: one with no text, as OpenAI's models send, is
+  dropped); ``reasoning.effort`` goes to thinking templates;
 - calls (``function_call``, ``custom_tool_call``, ``tool_search_call``) join the
   assistant message before them as its ``tool_calls`` (arguments as mappings, as
   templates expect), and each output is a ``role: "tool"`` message naming its call.
@@ -102,9 +103,10 @@ def _append(conv: Conversation, catalog: ToolCatalog, item: Any, where: str,
             conv.messages[-1]["content"] = text  # the answer after its reasoning
         else:
             conv.messages.append({"role": role, "content": text})
-    elif isinstance(item, ReasoningItem):
-        msg = {"role": "assistant", "content": ""}
-        conv.messages.append(with_past_reasoning(msg, item.text()) if item.text() else msg)
+    elif isinstance(item, ReasoningItem) and (thought := item.text()):
+        if _thinking_only(conv.messages):  # several reasoning items in a row: one turn
+            thought = f"{conv.messages.pop()['reasoning_content']}\n\n{thought}"
+        conv.messages.append(with_past_reasoning({"role": "assistant", "content": ""}, thought))
     elif isinstance(item, AdditionalToolsItem):
         _more_tools(conv, catalog, item.tools, f"{where}.tools", None)
     elif isinstance(item, FunctionCallItem | CustomToolCallItem | ToolSearchCallItem):
@@ -122,7 +124,7 @@ def _thinking_only(messages: list[dict[str, Any]]) -> bool:
     """The last message is an assistant turn opened by a reasoning item alone."""
     last = messages[-1] if messages else {}
     return last.get("role") == "assistant" and not last["content"] and \
-        "tool_calls" not in last
+        "tool_calls" not in last and "reasoning_content" in last
 
 
 def _more_tools(conv: Conversation, catalog: ToolCatalog, tools: list[Any], where: str,

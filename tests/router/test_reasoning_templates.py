@@ -191,3 +191,17 @@ def test_gpt_oss_takes_reasoning_text_and_a_call_in_one_turn(
     text = tok.render(fit_history(tok.template_source, raw), req.template_tools())
     assert f"<|channel|>analysis<|message|>{THOUGHT}\n\nChecking.<|end|>" in text
     assert fit_history(toks["qwen3"].template_source, raw) == raw  # others take both
+
+
+def test_responses_reasoning_items_without_text_or_in_a_row() -> None:
+    def messages(*items: dict[str, Any]) -> list[dict[str, Any]]:
+        req = ResponsesRequest.model_validate({"model": "m", "input": [
+            {"role": "user", "content": "hi"}, *items,
+            {"role": "assistant", "content": "Hello."}]})
+        return responses_to_chat(req, Conversation(), True)[0].messages
+
+    bare = messages()
+    assert messages({"type": "reasoning", "summary": [], "encrypted_content": "zz"}) == bare
+    two = messages(*({"type": "reasoning", "summary": [{"type": "summary_text", "text": t}]}
+                     for t in ("A.", "B.")))
+    assert two == [bare[0], {**bare[1], "reasoning_content": "A.\n\nB.", "thinking": "A.\n\nB."}]
