@@ -147,7 +147,8 @@ class ModelConfig(_Strict):
     cost_per_mtok: float = Field(0.0, ge=0.0, description="Relative cost per 1M tokens.")
     direct_http: bool = Field(
         False, description="Also serve each replica's own OpenAI endpoint on 127.0.0.1 "
-        "(bypassing the router), e.g. to benchmark other routers over the same replicas.",
+        "(bypassing the router), e.g. to benchmark other routers over the same replicas; "
+        "its POST routes need the deployment's random token (/kvroute/replicas lists it).",
     )
     default_max_tokens: int = Field(
         1024, ge=1, description="Output limit when a request sets none (capped by context)."

@@ -28,7 +28,10 @@ its own (``encode_batch`` releases the GIL), which ``stop()`` shuts down: a long
 prompt must not stall the engine that shares this event loop (a real serving
 stack tokenizes outside its scheduler too).
 
-Not kvroute's router: no prefix index, no retries, no auth, no rate limits. In
+Not kvroute's router: no prefix index, no retries, no API keys, no rate limits. Its POST
+routes (generation, tokenization) need ``Authorization: Bearer <token>``, the random token
+the app builder makes per deployment (review finding 19): any process on the pod's or
+host's loopback could otherwise bypass kvroute's keys and limits. GET probes stay open. In
 memory-index mode the worker piggybacks its cache events on each final message;
 the ones of requests served here are dropped (nothing routes on them).
 """
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
 import socket
@@ -77,12 +81,30 @@ class _Server(uvicorn.Server):
         yield
 
 
+class _TokenGate:
+    """POST needs the deployment's bearer token (constant-time compare); GET probes do not."""
+
+    def __init__(self, app: Any, token: str) -> None:
+        self.app, self._expected = app, f"Bearer {token}".encode()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] not in ("GET", "HEAD"):
+            sent = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(sent, self._expected):
+                err = ApiError(401, "this endpoint needs the deployment's direct_http token",
+                               "invalid_api_key")
+                return await openai_error(err)(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
 class DirectHttp:
-    """One replica's OpenAI endpoint (see the module docstring)."""
+    """One replica's OpenAI endpoint (see the module docstring); ``token`` None = open
+    (in-process tests and tools only: the builder always sets one)."""
 
     def __init__(self, model: str, model_path: str, generate: Generate,
-                 host: str = "127.0.0.1") -> None:
+                 token: str | None = None, host: str = "127.0.0.1") -> None:
         self.model, self.model_path, self._generate, self.host = model, model_path, generate, host
+        self._token = token
         self.address: str | None = None
         self.ongoing = 0
         self._tok: ChatTokenizer | None = None
@@ -141,7 +163,7 @@ class DirectHttp:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
 
-    def app(self) -> Starlette:
+    def app(self) -> Starlette | _TokenGate:
         get = ["GET"]
         routes = [
             Route("/v1/chat/completions", self._chat, methods=["POST"]),
@@ -161,7 +183,8 @@ class DirectHttp:
             Route("/tokenize", self._tokenize, methods=["POST"]),
             Route("/version", self._version, methods=get),
         ]
-        return Starlette(routes=routes)
+        app = Starlette(routes=routes)
+        return app if self._token is None else _TokenGate(app, self._token)
 
     # -- info endpoints ----------------------------------------------------------------
     async def _health(self, _: Request) -> Response:

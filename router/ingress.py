@@ -86,7 +86,7 @@ async def _unexpected(request: Request, err: Exception) -> JSONResponse:
 class Ingress:
     async def __init__(
         self, config: dict[str, Any], handles: dict[str, DeploymentHandle],
-        metrics_hub: DeploymentHandle | None = None,
+        metrics_hub: DeploymentHandle | None = None, direct_token: str | None = None,
     ) -> None:
         setup_tracing("kvroute-router")
         cfg = KvrouteConfig.model_validate(config)  # the Redis URL from this process's env:
@@ -94,6 +94,7 @@ class Ingress:
         # Our own deadline, whatever a client's x-request-timeout-seconds told the proxy.
         app.state.request_timeout_s = cfg.server.request_timeout_s
         self._hub = metrics_hub
+        self._direct_token = direct_token  # workers' direct_http token (benchmarks)
         self._replica = serve.get_replica_context().replica_id.unique_id
         self._metrics = MetricsCache(metrics_hub, self._replica)
         self._core = RouterCore(self._config, handles)
@@ -129,9 +130,10 @@ class Ingress:
     async def replicas(self, request: Request) -> dict[str, Any]:
         """This router replica and every worker replica it sees, with their load."""
         self._core.auth.authenticate(request.headers)
+        direct = {"direct_http_token": self._direct_token} if self._direct_token else {}
         return {
             "router": {"replica": self._replica, "node": ray.get_runtime_context().get_node_id()},
-            "models": self._core.replica_stats(),
+            "models": self._core.replica_stats(), **direct,
         }
 
     @app.get("/openapi.json", include_in_schema=False)

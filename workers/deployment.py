@@ -54,13 +54,14 @@ class DirectEndpoint(Protocol):
     async def stop(self) -> None: ...
 
 
-DirectFactory = Callable[[str, str, Callable[[WorkRequest], AsyncIterator[WorkerMessage]]],
-                         DirectEndpoint]
+DirectFactory = Callable[[str, str, Callable[[WorkRequest], AsyncIterator[WorkerMessage]],
+                          str | None], DirectEndpoint]
 
 
 class ModelWorker:
     async def __init__(self, model: dict[str, Any], index: dict[str, Any],
-                       direct_http: DirectFactory | None = None) -> None:
+                       direct_http: DirectFactory | None = None,
+                       direct_token: str | None = None) -> None:
         setup_tracing("kvroute-worker")
         self._cfg = ModelConfig.model_validate(model)
         idx = IndexConfig.model_validate(index).resolved()  # redis_url_env: this process's env
@@ -79,7 +80,8 @@ class ModelWorker:
         self._kv_events = self._vllm_events(idx.block_size)
         self._direct: DirectEndpoint | None = None
         if direct_http is not None:
-            self._direct = direct_http(self._cfg.name, self._cfg.model_path, self.generate)
+            self._direct = direct_http(self._cfg.name, self._cfg.model_path, self.generate,
+                                       direct_token)  # the builder's per-deployment token
             await self._direct.start()
         log.info("worker %s/%s ready (%s)", self._cfg.name, self._replica, self._cfg.engine)
 

@@ -81,14 +81,16 @@ async def fetch_model(url: str) -> str:
 class Client:
     """Streams one request at a time per call of ``send``; share it across tasks."""
 
-    def __init__(self, url: str, model: str, timeout_s: float = 900.0) -> None:
+    def __init__(self, url: str, model: str, timeout_s: float = 900.0,
+                 headers: dict[str, str] | None = None) -> None:
         self.url, self.model, self.timeout_s = url.rstrip("/"), model, timeout_s
+        self.headers = headers  # sent with every request (a direct endpoint's token)
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> Client:
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, force_close=False),
-            timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+            timeout=aiohttp.ClientTimeout(total=self.timeout_s), headers=self.headers,
         )
         return self
 

@@ -120,6 +120,15 @@ async def replica_info(url: str, n: int, timeout_s: float = 120.0
             await asyncio.sleep(0.5)
 
 
+async def direct_headers(url: str) -> dict[str, str]:
+    """What a call to a direct endpoint must send: the deployment's token, which the
+    router lists in /kvroute/replicas (router.direct_http). Peer routers pass the client's
+    Authorization on to their workers; kvroute without keys ignores it."""
+    async with aiohttp.ClientSession() as s, s.get(f"{url}/kvroute/replicas") as r:
+        token = (await r.json()).get("direct_http_token")
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
 def sglang_router(endpoints: list[str], policy: str, model_path: str,
                   extra: tuple[str, ...] = ()) -> Subprocess:
     port = free_port()
@@ -138,7 +147,8 @@ def plain_echo() -> Subprocess:
 
 # -- overheads ---------------------------------------------------------------------------
 async def measure_overheads(url: str, direct: str, echo_serve: str, echo_plain: str,
-                            samples: int) -> dict[str, Any]:
+                            samples: int, headers: dict[str, str] | None = None
+                            ) -> dict[str, Any]:
     """Interleaved, sequential minimal requests on the idle system."""
     body = {"model": MODEL, "prompt": [100, 101, 102, 103], "max_tokens": 1}
     targets = {
@@ -149,7 +159,7 @@ async def measure_overheads(url: str, direct: str, echo_serve: str, echo_plain: 
         "plain_echo": ("GET", echo_plain, None),
     }
     times: dict[str, list[float]] = {k: [] for k in targets}
-    async with aiohttp.ClientSession() as s:
+    async with aiohttp.ClientSession(headers=headers) as s:
         for i in range(samples + 20):  # the first 20 warm connections and caches up
             for name, (method, u, b) in targets.items():
                 t = await lineup.timed(s, method, u, b)
@@ -166,10 +176,10 @@ async def measure_overheads(url: str, direct: str, echo_serve: str, echo_plain: 
 
 
 # -- the runs ----------------------------------------------------------------------------
-async def run_one(name: str, target: str, spec: CompareSpec, show: bool
-                  ) -> tuple[list[Record], dict[str, Any]]:
+async def run_one(name: str, target: str, spec: CompareSpec, show: bool,
+                  headers: dict[str, str] | None = None) -> tuple[list[Record], dict[str, Any]]:
     workload = AgentWorkload(spec.agent, salt=name)
-    async with Client(target, MODEL) as client:
+    async with Client(target, MODEL, headers=headers) as client:
         records = await Runner(client, spec.load, name, show).run(
             agent_driver(workload, spec.load))
     params: dict[str, Any] = {
@@ -189,22 +199,23 @@ async def _compare(spec: CompareSpec, url: str, model_path: str, show: bool
 
     info = await replica_info(url, spec.replicas)
     endpoints = [h for h, _ in info]
+    headers = await direct_headers(url)
     async with plain_echo() as echo:
         await _wait_ok(f"{url}{ECHO_ROUTE}")
         overheads = await measure_overheads(url, endpoints[0], f"{url}{ECHO_ROUTE}",
-                                            echo.ready_url, spec.overhead_samples)
+                                            echo.ready_url, spec.overhead_samples, headers)
     benches: dict[str, Any] = {}
     records: dict[str, list[Record]] = {}
     for name in spec.routers:
         await asyncio.sleep(spec.pause_s)
         if name == "kvroute":
             records[name], benches[name] = await _measured(
-                name, url, endpoints[0], lineup.kvroute_processes(), spec, show)
+                name, url, endpoints[0], lineup.kvroute_processes(), spec, show, headers)
             continue
         proc, flags = launch(name, info, spec, model_path)
         async with proc:
             records[name], benches[name] = await _measured(
-                name, proc.base_url, endpoints[0], proc.processes(), spec, show)
+                name, proc.base_url, endpoints[0], proc.processes(), spec, show, headers)
         benches[name]["params"].update(router_cmd=proc.cmd[1:], router_flags=flags)
     result = {"routers": benches, **overheads, "endpoints": endpoints, "env": environment(),
               "router_overhead_goal_s": overhead_goal(overheads["serve_proxy_overhead_s"])}
@@ -213,12 +224,13 @@ async def _compare(spec: CompareSpec, url: str, model_path: str, show: bool
 
 
 async def _measured(name: str, target: str, direct: str, procs: list[Any], spec: CompareSpec,
-                    show: bool) -> tuple[list[Record], dict[str, Any]]:
-    """One router's run with its idle added latency first and its CPU over the run."""
-    added = await lineup.idle_added_latency(target, direct, MODEL, spec.idle_samples)
+                    show: bool, headers: dict[str, str]) -> tuple[list[Record], dict[str, Any]]:
+    """One router's run with its idle added latency first and its CPU over the run;
+    ``headers``: the direct endpoints' token (``direct_headers``)."""
+    added = await lineup.idle_added_latency(target, direct, MODEL, spec.idle_samples, headers)
     meter = lineup.CpuMeter(procs)
     meter.start()
-    records, bench = await run_one(name, target, spec, show)
+    records, bench = await run_one(name, target, spec, show, headers)
     meter.stop()
     bench.update(meter.summary(bench["requests"]), added_latency_s=added)
     return records, bench

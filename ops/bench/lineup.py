@@ -72,13 +72,13 @@ async def timed(s: aiohttp.ClientSession, method: str, url: str,
     return time.perf_counter() - start
 
 
-async def idle_added_latency(target: str, direct: str, model: str, samples: int
-                             ) -> dict[str, float]:
+async def idle_added_latency(target: str, direct: str, model: str, samples: int,
+                             headers: dict[str, str] | None = None) -> dict[str, float]:
     """p50/p99 of (router - direct) for the minimal chat request, interleaved."""
     body = minimal_chat(model)
     via: list[float] = []
     own: list[float] = []
-    async with aiohttp.ClientSession() as s:
+    async with aiohttp.ClientSession(headers=headers) as s:  # the direct endpoint's token
         for i in range(samples + WARMUP):
             a = await timed(s, "POST", f"{target}/v1/chat/completions", body)
             b = await timed(s, "POST", f"{direct}/v1/chat/completions", body)

@@ -37,7 +37,14 @@ import numpy as np
 import psutil
 
 from ops.bench.client import Record
-from ops.bench.compare import MODEL, CompareSpec, build_config, free_port, replica_endpoints
+from ops.bench.compare import (
+    MODEL,
+    CompareSpec,
+    build_config,
+    direct_headers,
+    free_port,
+    replica_endpoints,
+)
 from ops.bench.lineup import timed
 from ops.bench.report import bench_json, stats
 
@@ -146,10 +153,12 @@ async def _one(s: aiohttp.ClientSession, url: str, direct: str, proc: psutil.Pro
 
 
 async def _scenarios(mode: str, spec: RouterBenchSpec, prompts: Prompts, url: str,
-                     direct: str, show: bool) -> list[Sample]:
+                     direct: str, show: bool, headers: dict[str, str]) -> list[Sample]:
     proc = router_process()
     out: list[Sample] = []
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as s:
+    # the direct endpoint's token; kvroute without keys ignores it
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600),
+                                     headers=headers) as s:
         await _one(s, url, direct, proc, prompts.one("warm", 200), [100, 101])
         for length in spec.lengths:
             chats = {
@@ -238,7 +247,8 @@ def run_mode(mode: str, spec: RouterBenchSpec, prompts: Prompts, model_path: str
             url = runtime.deploy(build_config(stack, model_path, free_port()))
             runtime.wait_healthy(url, timeout_s=300)
             direct = asyncio.run(replica_endpoints(url, 1))[0]
-            samples = asyncio.run(_scenarios(mode, spec, prompts, url, direct, show))
+            headers = asyncio.run(direct_headers(url))
+            samples = asyncio.run(_scenarios(mode, spec, prompts, url, direct, show, headers))
             gaps = asyncio.run(stall(spec, prompts, url, mode))
             serve.delete(runtime.APP_NAME)
         finally:

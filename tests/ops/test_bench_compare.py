@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from ops.bench import compare, report
@@ -45,7 +46,8 @@ def started(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[compare.Subprocess
 
 
 def test_short_compare_on_sim(ray_local: None, serve_port: int, tiny_model_dir: Path,
-                              started: list[compare.Subprocess]) -> None:
+                              started: list[compare.Subprocess],
+                              monkeypatch: pytest.MonkeyPatch) -> None:
     from ray import serve
 
     from deploy import runtime
@@ -57,10 +59,24 @@ def test_short_compare_on_sim(ray_local: None, serve_port: int, tiny_model_dir: 
              "kv_blocks": 1000},
         overhead_samples=10, pause_s=0.2, idle_samples=3, routers=compare.ROUTERS,
     )
+    bare: list[httpx.Response] = []
+    real_info = compare.replica_info
+
+    async def info_and_a_bare_call(url: str, n: int) -> list[tuple[str, str | None]]:
+        found = await real_info(url, n)
+        body = {"model": compare.MODEL, "prompt": [100, 101], "max_tokens": 1}
+        async with httpx.AsyncClient(timeout=30) as c:
+            bare.append(await c.post(f"{found[0][0]}/v1/completions", json=body))
+        return found
+
+    monkeypatch.setattr(compare, "replica_info", info_and_a_bare_call)
     try:
         result, records = compare.run_compare(spec, show=False)
     finally:
         serve.delete(runtime.APP_NAME)
+    # Review finding 19: the builder's token guards the direct endpoints; the compare
+    # (sglang-router included) got through with it, a call without it does not.
+    assert bare[0].status_code == 401 and bare[0].json()["error"]["code"] == "invalid_api_key"
     assert set(result["routers"]) == {"kvroute", "round-robin", "sglang-router", "smg",
                                       "vllm-router", "vllm-router-cache-aware"}
     for name, bench in result["routers"].items():

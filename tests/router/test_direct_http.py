@@ -49,8 +49,9 @@ class FakeEngine:
 
 
 @asynccontextmanager
-async def serving(model_dir: Path, engine: FakeEngine) -> AsyncIterator[httpx.AsyncClient]:
-    direct = DirectHttp(MODEL, str(model_dir), engine.generate)
+async def serving(model_dir: Path, engine: FakeEngine,
+                  token: str | None = None) -> AsyncIterator[httpx.AsyncClient]:
+    direct = DirectHttp(MODEL, str(model_dir), engine.generate, token)
     await direct.start()
     assert direct.address is not None and direct.address.startswith("127.0.0.1:")
     try:
@@ -174,6 +175,22 @@ async def test_engine_failure_before_first_token_is_503(tiny_model_dir: Path) ->
     async with serving(tiny_model_dir, FakeEngine(fail=True)) as c:
         r = await c.post("/v1/completions", json={"model": MODEL, "prompt": [5, 6]})
     assert r.status_code == 503 and r.json()["error"]["code"] == "replica_failed"
+
+
+async def test_post_routes_need_the_deployment_token(tiny_model_dir: Path) -> None:
+    """Review finding 19: anything on loopback could call the engine past kvroute's keys."""
+    engine = FakeEngine()
+    body = {"model": MODEL, "prompt": [5, 6], "max_tokens": 2}
+    async with serving(tiny_model_dir, engine, token="t0ken") as c:
+        bare = await c.post("/v1/completions", json=body)
+        wrong = await c.post("/tokenize", json=body, headers={"Authorization": "Bearer t0kex"})
+        probe = await c.get("/get_model_info")
+        right = await c.post("/v1/completions", json=body,
+                             headers={"Authorization": "Bearer t0ken"})
+    assert (bare.status_code, wrong.status_code) == (401, 401)
+    assert bare.json()["error"]["code"] == "invalid_api_key"
+    assert probe.status_code == 200 and right.status_code == 200
+    assert len(engine.requests) == 1  # only the call with the token reached the engine
 
 
 async def test_stop_releases_the_port(tiny_model_dir: Path) -> None:
