@@ -348,10 +348,13 @@ class VllmEngine:
         sp = request.sampling
         if sp.seed is not None and not -(2**63) <= sp.seed < 2**63:  # torch's manual_seed
             raise InputRejected(f"seed: must be a signed 64-bit integer, got {sp.seed}")
+        # Special tokens stay in the text (as mlx and sim keep them): several families'
+        # tool-call markers are special tokens (Kimi-K2, gpt-oss, GLM-4.5, Mistral), and the
+        # router's parsers read them. The stop token itself is never in the text.
         return SamplingParams(
             max_tokens=sp.max_tokens, temperature=sp.temperature, top_p=sp.top_p,
             stop=list(sp.stop) or None, seed=sp.seed, ignore_eos=sp.ignore_eos,
-            output_kind=RequestOutputKind.DELTA,
+            output_kind=RequestOutputKind.DELTA, skip_special_tokens=False,
         )
 
     def _prompt(self, token_ids: list[int], cache_salt: str | None = None) -> Any:

@@ -271,3 +271,24 @@ def test_tool_parser_is_checked_at_config_load_and_overrides_detection(
     detected = parser_for(ModelConfig(name="m", model_path=str(tiny_model_dir)), None)
     assert detected is not None and detected.flush() == []
     assert detected.feed(QWEN_ONE) == [ToolCall("Read", {"file_path": "/repo/src/main.py"})]
+
+
+def test_an_unknown_family_is_logged_once_and_its_text_passes_through(
+        tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import shutil
+
+    from deploy.config import ModelConfig
+    from router.tool_calls import parser_for
+
+    folder = tmp_path / "plain"
+    shutil.copytree(tiny_model_dir, folder)
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = "{% for m in messages %}{{ m.content }}{% endfor %}"
+    cfg["added_tokens_decoder"] = {}  # no marker among the tokens either
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    model = ModelConfig(name="plain", model_path=str(folder))
+    with caplog.at_level("WARNING", logger="router.tool_calls"):
+        assert parser_for(model, TOOLS) is None and parser_for(model, TOOLS) is None
+    assert [r.getMessage() for r in caplog.records].count(
+        f"no tool-call family recognised for {folder} (set tool_parser in its config; known: "
+        f"{', '.join(sorted(FAMILIES))}): tool-call markup passes through as text") == 1

@@ -175,6 +175,14 @@ async def engine(tiny_model_dir: Path) -> AsyncIterator[VllmEngine]:
     await eng.shutdown()
 
 
+@pytest.mark.vllm
+def test_sampling_keeps_special_tokens_in_the_text() -> None:
+    """Kimi-K2's, gpt-oss's, GLM-4.5's and Mistral's tool-call markers are special tokens:
+    the text must keep them for the router's tool-call parsers."""
+    req = GenerateRequest("r", [1, 2], SamplingParams(max_tokens=4))
+    assert VllmEngine._sampling(None, req).skip_special_tokens is False  # type: ignore[arg-type]
+
+
 async def run(
     engine: VllmEngine, tokens: list[int], rid: str, **sampling: object
 ) -> tuple[list[TokenChunk], Finished]:
