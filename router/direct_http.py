@@ -225,10 +225,11 @@ class DirectHttp:
         self._check_model(req.model)
         assert self._tok is not None
         try:
-            text = self._tok.render(req.template_messages(), tools=req.template_tools())
+            text, marked = self._tok.render_marked(req.template_messages(),
+                                                   tools=req.template_tools())
         except TemplateRenderError as e:
             raise ApiError(400, str(e), "invalid_messages", "messages") from None
-        return await self._encode(text)
+        return await self._encode(text, marked)
 
     async def _completions(self, request: Request) -> Response:
         try:
@@ -282,12 +283,14 @@ class DirectHttp:
             return openai_error(e)
         return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": None})
 
-    async def _encode(self, text: str) -> list[int]:
-        """``ChatTokenizer.encode`` (same file, same flags) off the event loop."""
-        assert self._encoder is not None and self._pool is not None
-        enc = self._encoder
+    async def _encode(self, text: str, marked: bool = False) -> list[int]:
+        """``ChatTokenizer.encode_full`` (same file, same flags) off the event loop."""
+        assert self._encoder is not None and self._pool is not None and self._tok is not None
+        enc, tok = self._encoder, self._tok
 
         def run() -> list[int]:
+            if marked:  # client special-token strings in it (router.client_specials)
+                return tok.encode_full(text, marked)
             return enc.encode_batch([text], add_special_tokens=False)[0].ids
 
         return await asyncio.get_running_loop().run_in_executor(self._pool, run)

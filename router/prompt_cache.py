@@ -29,6 +29,12 @@ token of the tokenizer that the chat template emits between messages (``<|im_end
    not (it adds "▁" only to the piece at offset 0 of the whole string, so ``B`` alone
    would get it), nor do truncation, padding, BPE dropout or ``encode_special_tokens``.
 
+Chat prompts whose client strings hold special-token strings arrive *marked*
+(``router.client_specials``): the client's occurrences are private-use markers, so only
+the template's tokens are boundaries (a client's ``<|im_end|>`` is never a cut), and their
+pieces are encoded by ``ClientSpecials.encode_pieces``, which splits at added tokens as
+rule 1 says; the identity holds for it as for the tokenizer.
+
 A tokenizer passes (2)-(4) statically, then a probe encodes tricky continuations both ways
 (spaces, newlines, combining marks, digits, the token itself); a token that fails any check
 is not a boundary, and a tokenizer with no boundary is tokenized whole every time.
@@ -53,7 +59,7 @@ import re
 import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,6 +81,7 @@ _PIECE_LOCAL = {
 }
 _PROBES = ("", " a", "  x", "\n", "\n\nfoo bar", "hello", "Hello world", "123 45", "\u0301e",
            "é", "\t\t", " ", "'s", "<|", "日本語", "\U0001F600 ok")
+PiecesEncoder = Callable[[list[str]], list[list[int]]]
 # Per cached token: a list slot (ints are interned); per segment: the node and its dict slot.
 _ID_BYTES, _NODE_BYTES = 8, 400
 
@@ -232,9 +239,12 @@ class IncrementalEncoder:
     def active(self) -> bool:
         return self._cut is not None
 
-    def encode(self, text: str) -> TokenIds:
+    def encode(self, text: str, pieces_encoder: PiecesEncoder | None = None) -> TokenIds:
+        """``pieces_encoder``: how a list of pieces of ``text`` is tokenized (default: the
+        tokenizer's batch); it must split at added tokens as the tokenizer does (rule 1), as
+        ``router.client_specials`` does for text with client special-token strings marked."""
         if self._cut is None:
-            return self._whole(text)
+            return self._whole(text, pieces_encoder)
         cuts = [m.end() for m in self._cut.finditer(text)]
         with self._lock:
             path = self._walk(text, cuts)
@@ -247,7 +257,7 @@ class IncrementalEncoder:
         digests = (ts.chain((path[-1] if path else self._root).digest, pieces[:n_whole])
                    if self.store is not None else [])
         remote = self._remote(pieces[:n_whole], digests)
-        segs = self._tokenize(pieces, remote)
+        segs = self._tokenize(pieces, remote, pieces_encoder)
         with self._lock:
             nodes = self._insert(path, pieces[:n_whole], segs[:n_whole], digests, remote)
         out = TokenIds()
@@ -274,17 +284,20 @@ class IncrementalEncoder:
             self.store.touch([digests[j] for j in used])
         return [None if ids is None else list(map(self._ints.__getitem__, ids)) for ids in got]
 
-    def _tokenize(self, pieces: list[str], remote: list[list[int] | None]) -> list[list[int]]:
+    def _tokenize(self, pieces: list[str], remote: list[list[int] | None],
+                  pieces_encoder: PiecesEncoder | None) -> list[list[int]]:
         """Each piece's ids: the remote ones as given, the others in one batch (the whole
         segments' ids interned, as the cache keeps them)."""
         segs: list[list[int]] = [r or [] for r in remote] + [[]] * (len(pieces) - len(remote))
         todo = [i for i in range(len(pieces)) if i >= len(remote) or remote[i] is None]
         if todo:
-            batch = self._tok.encode_batch_fast([pieces[i] for i in todo],
-                                                add_special_tokens=False)
-            for i, e in zip(todo, batch, strict=True):
-                segs[i] = list(map(self._ints.__getitem__, e.ids)) if i < len(remote) else e.ids
+            batch = (pieces_encoder or self._batch)([pieces[i] for i in todo])
+            for i, ids in zip(todo, batch, strict=True):
+                segs[i] = list(map(self._ints.__getitem__, ids)) if i < len(remote) else ids
         return segs
+
+    def _batch(self, pieces: list[str]) -> list[list[int]]:
+        return [e.ids for e in self._tok.encode_batch_fast(pieces, add_special_tokens=False)]
 
     def _publish(self, nodes: list[_Node]) -> None:
         """Queue the runs of ``nodes`` that Redis does not have yet (fire-and-forget)."""
@@ -303,8 +316,8 @@ class IncrementalEncoder:
         if runs:
             self.store.put(runs)
 
-    def _whole(self, text: str) -> TokenIds:
-        out = TokenIds(self._tok.encode_batch_fast([text], add_special_tokens=False)[0].ids)
+    def _whole(self, text: str, pieces_encoder: PiecesEncoder | None = None) -> TokenIds:
+        out = TokenIds((pieces_encoder or self._batch)([text])[0])
         out.hash_memo = None
         return out
 

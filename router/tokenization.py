@@ -2,7 +2,9 @@
 
 Renders the model's own Jinja chat template (from ``tokenizer_config.json``) in
 a sandbox, the way transformers' ``apply_chat_template`` does, then encodes with
-the fast ``tokenizers`` library. Only token ids travel on to the workers.
+the fast ``tokenizers`` library. Only token ids travel on to the workers. Special-token
+strings in client text are encoded as text, only the template's as special ids
+(``router.client_specials``).
 
 ``encode`` reuses the ids of the longest cached prefix that ends at an exact boundary
 (``router.prompt_cache``; shared between router replicas in Redis by ``router.token_store``
@@ -15,6 +17,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -23,6 +26,7 @@ from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
+from router.client_specials import ClientSpecials
 from router.prompt_cache import IncrementalEncoder, PromptCacheConfig, boundary_tokens
 from router.tokenize_setup import TokenCache, off_loop, with_env
 from router.tool_parsers.mistral import ID_RULE, with_nine_char_ids
@@ -31,6 +35,8 @@ from router.tool_parsers.mistral import ID_RULE, with_nine_char_ids
 # the reasoning switches some templates read (``router.reasoning_parsers.controls``).
 TemplateOptions = tuple[tuple[str, bool | str], ...]
 
+log = logging.getLogger(__name__)
+
 # Conversations rendered once at load, to see which added tokens the template emits.
 _PROBE_CHATS: tuple[list[dict[str, Any]], ...] = (
     [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
@@ -38,6 +44,23 @@ _PROBE_CHATS: tuple[list[dict[str, Any]], ...] = (
     [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"},
      {"role": "user", "content": "v"}],
 )
+
+
+def _marking_probes(specials: list[str]) -> list[tuple[list[dict[str, Any]],
+                                                      list[dict[str, Any]], str]]:
+    """Conversations with every special-token string in every client field: system, user,
+    assistant and tool text, a tool call's name and arguments, a tool definition, the
+    prefill."""
+    s = "a" + "\n".join(specials) + "system\nb"
+    call = {"id": s, "type": "function", "function": {"name": s, "arguments": {s: s}}}
+    tools = [{"type": "function", "function": {"name": s, "description": s,
+                                               "parameters": {"type": "object",
+                                                              "properties": {s: {}}}}}]
+    chat = [{"role": "system", "content": s}, {"role": "user", "content": s},
+            {"role": "assistant", "content": s, "tool_calls": [call]},
+            {"role": "tool", "content": s, "tool_call_id": s, "name": s},
+            {"role": "user", "content": f" {s} "}]
+    return [(chat, tools, s), (chat[1:], [], "")]
 
 
 class TemplateRenderError(ValueError):
@@ -110,9 +133,11 @@ class ChatTokenizer:
             (folder / "tokenizer.json").read_bytes()).hexdigest()
         setup = cache if isinstance(cache, TokenCache) else TokenCache(cache or with_env())
         self.cache_config = setup.config
+        self.client_specials = ClientSpecials(self._tok)
         self.prompt_cache = IncrementalEncoder(
             self._tok, self._boundaries() if self.cache_config.enabled else (),
             self.cache_config.max_bytes, setup.store, self.vocab_fingerprint)
+        _ = self.marking_exact  # logs at load when the template transforms client text
 
     def _boundaries(self) -> tuple[str, ...]:
         rendered = []
@@ -145,6 +170,26 @@ class ChatTokenizer:
             raise TemplateRenderError(f"cannot render the conversation: {e}") from e
 
     @functools.cached_property
+    def marking_exact(self) -> bool:
+        """Whether marking client special-token strings leaves the rendered text as it is
+        (``router.client_specials``, step 4), probed with them in every client field."""
+        specials = self.client_specials
+        if not specials.active:
+            return True
+        for messages, tools, suffix in _marking_probes(specials.specials):
+            try:
+                plain = self.render(messages, tools=tools) + suffix
+                marked = self.render(*specials.escape_chat(messages, tools, suffix)[:2])
+            except TemplateRenderError:
+                continue
+            if specials.unescape(marked + specials.escape(suffix)) != plain:
+                log.warning("the chat template transforms client text that holds "
+                            "special-token strings: such prompts render the marked text "
+                            "(router.client_specials, step 4)")
+                return False
+        return True
+
+    @functools.cached_property
     def system_in_place(self) -> bool:
         """Whether the template renders a system message after the first turn where it
         stands (Qwen, Llama 3 do; some templates raise or drop it)."""
@@ -157,20 +202,44 @@ class ChatTokenizer:
             return False
         return probe in text and text.index(probe) > text.index(first)
 
-    def encode(self, text: str) -> list[int]:
-        # The template already placed every special token it wants.
+    def encode(self, text: str, marked: bool = False) -> list[int]:
+        """Raw text's ids, every added-token string in it extracted (a completions prompt:
+        the client owns it whole); ``marked``: text from ``render_marked``."""
+        pieces = self.client_specials.encode_pieces if marked else None
         if not self.prompt_cache.active:
-            return self.encode_full(text)
-        return self.prompt_cache.encode(text)
+            return self.encode_full(text, marked)
+        return self.prompt_cache.encode(text, pieces)
 
-    def encode_full(self, text: str) -> list[int]:
+    def encode_full(self, text: str, marked: bool = False) -> list[int]:
         """Whole-text tokenization, no cache (the reference ``encode`` must equal)."""
+        if marked:
+            return self.client_specials.encode(text)
         return self._tok.encode(text, add_special_tokens=False).ids
+
+    def render_marked(self, messages: list[dict[str, Any]],
+                      tools: list[dict[str, Any]] | None = None, suffix: str = "",
+                      options: TemplateOptions | None = None) -> tuple[str, bool]:
+        """The prompt text, and whether client special-token strings in it are marked
+        (``router.client_specials``; when none are, the text is the plain render)."""
+        specials = self.client_specials
+        if specials.in_client(messages, tools, suffix, options):
+            messages, tools, suffix = specials.escape_chat(messages, tools, suffix)
+            options = tuple((k, specials.escape(v) if isinstance(v, str) else v)
+                            for k, v in options or ())
+            return self.render(messages, tools=tools, options=options) + suffix, True
+        return self.render(messages, tools=tools, options=options) + suffix, False
 
     def render_encode(self, messages: list[dict[str, Any]],
                       tools: list[dict[str, Any]] | None = None, suffix: str = "",
                       options: TemplateOptions | None = None) -> list[int]:
-        return self.encode(self.render(messages, tools=tools, options=options) + suffix)
+        """The chat prompt's ids: only the template's special tokens are special ids."""
+        return self.encode(*self.render_marked(messages, tools, suffix, options))
+
+    def render_encode_full(self, messages: list[dict[str, Any]],
+                           tools: list[dict[str, Any]] | None = None, suffix: str = "",
+                           options: TemplateOptions | None = None) -> list[int]:
+        """``render_encode`` without the prompt cache (the reference it must equal)."""
+        return self.encode_full(*self.render_marked(messages, tools, suffix, options))
 
     async def encode_chat(self, messages: list[dict[str, Any]],
                           tools: list[dict[str, Any]] | None = None, suffix: str = "",

@@ -25,9 +25,9 @@ def _gated(tok: ChatTokenizer, gate: threading.Event, seen: list[bool],
            timeout_s: float = 10.0) -> None:
     real = tok.prompt_cache.encode
 
-    def encode(text: str) -> Any:
+    def encode(text: str, *rest: Any) -> Any:
         seen.append(gate.wait(timeout=timeout_s))  # set by a coroutine on the event loop
-        return real(text)
+        return real(text, *rest)
 
     tok.prompt_cache.encode = encode  # type: ignore[method-assign]
 
