@@ -54,6 +54,9 @@ class Family:
     decode: ToolCallDecoder
     detect: tuple[str, ...]  # all of these in the template or special tokens → this family
     bare_json: bool = False  # an output that starts with "{" is a section too
+    # Sections the model may also write without the wrapper: (start, end), both kept in
+    # the payload given to ``decode`` (Qwen3-Coder's bare ``<function=..>..</function>``).
+    unwrapped: tuple[tuple[str, str], ...] = ()
     factory: Callable[[Family, Schemas], ToolParser] | None = field(default=None, repr=False)
 
     def parser(self, schemas: Schemas | None = None) -> ToolParser:
@@ -168,6 +171,9 @@ class MarkerParser:
 
     def __init__(self, family: Family, schemas: Schemas) -> None:
         self._f, self._schemas = family, schemas
+        self._ends: dict[str, str | None] = {family.start: family.end, **dict(family.unwrapped)}
+        self._end: str | None = family.end  # the end marker of the current section
+        self._kept = ""  # an unwrapped section's start marker, part of its payload
         self._buf = ""
         self._inside = False
         self._opener = ""  # space + marker that opened the current call ("" for bare JSON)
@@ -186,9 +192,9 @@ class MarkerParser:
         """Consume what can be decided now; True if there may be more."""
         f = self._f
         if self._inside:
-            if f.end is None or (j := self._buf.find(f.end)) < 0:
+            if self._end is None or (j := self._buf.find(self._end)) < 0:
                 return False
-            payload, self._buf = self._buf[:j], self._buf[j + len(f.end):]
+            payload, self._buf = self._buf[:j], self._buf[j + len(self._end):]
             self._close(payload, out, closed=True)
             return True
         if f.bare_json and not self._started:
@@ -199,13 +205,16 @@ class MarkerParser:
                 self._inside, self._opener, self._buf = True, "", head
                 return True
             self._started = True
-        if (i := self._buf.find(f.start)) >= 0:
+        found = min(((i, m) for m in self._ends if (i := self._buf.find(m)) >= 0), default=None)
+        if found is not None:
+            i, start = found
             before = self._buf[:i]
             self._text(before, out, trim_end=True)
-            self._inside, self._opener = True, before[len(before.rstrip()):] + f.start
-            self._buf = self._buf[i + len(f.start):]
+            self._inside, self._opener = True, before[len(before.rstrip()):] + start
+            self._end, self._kept = self._ends[start], "" if start == f.start else start
+            self._buf = self._buf[i + len(start):]
             return True
-        keep = partial_suffix(self._buf, f.start)
+        keep = max(partial_suffix(self._buf, m) for m in self._ends)
         safe = self._buf[: len(self._buf) - keep]
         body = safe.rstrip()  # trailing space waits: dropped if a call follows
         self._text(body, out, trim_end=False)
@@ -232,7 +241,8 @@ class MarkerParser:
 
     def _close(self, payload: str, out: list[Event], closed: bool) -> None:
         self._inside = False
-        calls = self._f.decode(payload, self._schemas)
+        whole = self._kept + payload + ((self._end or "") if self._kept and closed else "")
+        calls = self._f.decode(whole, self._schemas)
         if calls:
             out.extend(calls)
             self._calls += len(calls)
@@ -240,4 +250,4 @@ class MarkerParser:
             return
         # Not a call after all: give the model's text back unchanged.
         self._started, self._after_call = True, False
-        out.append(self._opener + payload + ((self._f.end or "") if closed else ""))
+        out.append(self._opener + payload + ((self._end or "") if closed else ""))

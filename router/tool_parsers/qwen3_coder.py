@@ -2,6 +2,8 @@
 </tool_call>`` (Qwen3-Coder, Qwen3-Next/3.5 instruct); values typed by the tool's JSON
 schema (a declared string stays text; numbers, booleans, objects and arrays are parsed).
 Its template also mentions hermes's ``<tool_call>``: ``<function=`` tells them apart.
+The model sometimes leaves out the ``<tool_call>`` wrapper: a bare ``<function=..>``
+block is a call too (as in vLLM's parser).
 """
 
 from __future__ import annotations
@@ -34,4 +36,5 @@ def decode(payload: str, schemas: Schemas) -> list[ToolCall] | None:
 
 
 FAMILY = Family("qwen3-coder", "<tool_call>", "</tool_call>", decode,
-                ("<tool_call>", "<function=", "<parameter="))
+                ("<tool_call>", "<function=", "<parameter="),
+                unwrapped=(("<function=", "</function>"),))

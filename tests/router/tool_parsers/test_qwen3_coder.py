@@ -104,6 +104,12 @@ DALLAS_ARGS = {"city": "Dallas", "state": "TX", "unit": "fahrenheit"}
      ["This is a test response without any tool calls"]),
     # Cut by max_tokens inside a parameter: not a call, the text comes back unchanged.
     (DALLAS[:60], [DALLAS[:60]]),
+    # Without the <tool_call> wrapper (vLLM's test_extract_tool_calls_fallback_no_tags).
+    (DALLAS[len("<tool_call>\n"):-len("\n</tool_call>")],
+     [ToolCall("get_current_weather", DALLAS_ARGS)]),
+    ("Sure. " + DALLAS[len("<tool_call>\n"):-len("\n</tool_call>")] + " Done.",
+     ["Sure.", ToolCall("get_current_weather", DALLAS_ARGS), "Done."]),
+    ("a <function=f> without its close", ["a <function=f> without its close"]),
 ])
 def test_recorded_outputs(text: str, expected: Expected) -> None:
     check_streaming("qwen3-coder", text, expected, SCHEMAS)
