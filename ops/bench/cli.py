@@ -81,9 +81,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--tpot-ms", type=float, default=20.0, help="sim: decode step at batch 1")
     c.add_argument("--kv-blocks", type=int, default=4096, help="sim: 64-token blocks / replica")
     c.add_argument("--overhead-samples", type=int, default=300)
-    c.add_argument("--routers", default="kvroute,round-robin,sglang-router",
+    c.add_argument("--routers", default=DEFAULT_ROUTERS,
                    help=f"comma-separated, or `all`: {','.join(_routers())}")
     c.add_argument("--markdown", type=Path, help="also write a markdown report here")
+    c.add_argument("--router-replicas", default="",
+                   help="e.g. 1,2,4: run kvroute (shared index), smg and vllm-router at each "
+                   "count of router replicas instead (ops.bench.scaling)")
     c.add_argument("--sglang-args", default="",
                    help="extra sglang-router flags for the cache_aware run (default: none)")
     _load_args(c)
@@ -234,6 +237,9 @@ def cmd_router(args: argparse.Namespace) -> int:
     return 0
 
 
+DEFAULT_ROUTERS = "kvroute,round-robin,sglang-router"
+
+
 def _compare_doc() -> str:
     from ops.bench import compare
 
@@ -336,8 +342,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.workload != "agent":
         raise SystemExit("bench compare runs --workload agent: sglang-router 0.3.2 refuses the "
                          "token-id prompts of trace replay on /v1/completions (HTTP 422)")
+    counts = tuple(int(n) for n in args.router_replicas.split(",") if n.strip())
     routers = _routers() if args.routers.strip() == "all" else \
         tuple(r.strip() for r in args.routers.split(",") if r.strip())
+    if counts and args.routers == DEFAULT_ROUTERS:
+        from ops.bench.scaling import SCALED
+
+        routers = SCALED
     unknown = set(routers) - set(_routers())
     if unknown:
         raise SystemExit(f"--routers: unknown {sorted(unknown)}")
@@ -357,13 +368,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
         sim={"prefill_tok_s": args.prefill_tok_s, "tpot_s": args.tpot_ms / 1000.0,
              "tpot_per_batch_s": 0.0002, "kv_blocks": args.kv_blocks},
     )
-    runtime.init_ray("127.0.0.1", num_cpus=max(4, args.replicas + 2))
+    runtime.init_ray("127.0.0.1", num_cpus=max(4, args.replicas + 2 + max(counts or (0,))))
     try:
+        if counts:
+            return _scaling(args, spec, counts)
         result, records = run_compare(spec, show=not args.quiet)
     finally:
         runtime.shutdown()
-    result["command"] = "kvroute bench " + shlex.join(sys.argv[sys.argv.index("compare"):]) \
-        if "compare" in sys.argv else "kvroute bench compare"
+    result["command"] = _command()
     _print_compare(result)
     _write(args, result["routers"], records, result)
     if args.markdown:
@@ -373,6 +385,32 @@ def cmd_compare(args: argparse.Namespace) -> int:
         args.markdown.write_text(markdown_compare(result))
     goals = result["goals"]
     return 0 if goals["zero_errors"] and goals["all_served"] else 1
+
+
+def _command() -> str:
+    return "kvroute bench " + shlex.join(sys.argv[sys.argv.index("compare"):]) \
+        if "compare" in sys.argv else "kvroute bench compare"
+
+
+def _scaling(args: argparse.Namespace, spec: Any, counts: tuple[int, ...]) -> int:
+    from ops.bench import scaling
+    from ops.bench.compare import environment
+    from ops.bench.report import rich_table
+
+    result, records = scaling.run_scaling(spec, counts, show=not args.quiet)
+    result.update(command=_command(), env=environment())
+    runs = {f"{name}@{n}": b for n, by in result["router_replicas"].items()
+            for name, b in by.items()}
+    _console().print(rich_table(runs, title="router replicas (TTFT in s)"))
+    _console().print(f"cached ratio drop, points: {result['cached_ratio_drop_points']}")
+    _write(args, runs, records, result)
+    if args.markdown:
+        from ops.bench.report import markdown_table
+
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(f"Command: `{result['command']}`\n\n"
+                                 f"{markdown_table(runs)}\n")
+    return 0 if all(b["errors"] == 0 for b in runs.values()) else 1
 
 
 def _print_compare(result: dict[str, Any]) -> None:

@@ -209,12 +209,12 @@ async def _compare(spec: CompareSpec, url: str, model_path: str, show: bool
     for name in spec.routers:
         await asyncio.sleep(spec.pause_s)
         if name == "kvroute":
-            records[name], benches[name] = await _measured(
+            records[name], benches[name] = await measured(
                 name, url, endpoints[0], lineup.kvroute_processes(), spec, show, headers)
             continue
         proc, flags = launch(name, info, spec, model_path)
         async with proc:
-            records[name], benches[name] = await _measured(
+            records[name], benches[name] = await measured(
                 name, proc.base_url, endpoints[0], proc.processes(), spec, show, headers)
         benches[name]["params"].update(router_cmd=proc.cmd[1:], router_flags=flags)
     result = {"routers": benches, **overheads, "endpoints": endpoints, "env": environment(),
@@ -223,8 +223,8 @@ async def _compare(spec: CompareSpec, url: str, model_path: str, show: bool
     return result, records
 
 
-async def _measured(name: str, target: str, direct: str, procs: list[Any], spec: CompareSpec,
-                    show: bool, headers: dict[str, str]) -> tuple[list[Record], dict[str, Any]]:
+async def measured(name: str, target: str, direct: str, procs: list[Any], spec: CompareSpec,
+                   show: bool, headers: dict[str, str]) -> tuple[list[Record], dict[str, Any]]:
     """One router's run with its idle added latency first and its CPU over the run;
     ``headers``: the direct endpoints' token (``direct_headers``)."""
     added = await lineup.idle_added_latency(target, direct, MODEL, spec.idle_samples, headers)

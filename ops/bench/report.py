@@ -125,6 +125,15 @@ _COLUMNS: tuple[tuple[str, str], ...] = (
     ("e2e_p50", "{:.2f}"), ("hit%", "{:.1f}"), ("pred%", "{:.1f}"), ("busy%", "{:.1f}"),
     ("tok/s", "{:.0f}"),
 )
+# bench compare's per-router extras (ops.bench.lineup), shown when every run has them
+_ROUTER_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("cpu_ms/req", "{:.1f}"), ("idle+ms", "{:.2f}"), ("per replica", "{}"),
+)
+
+
+def _columns(benches: Mapping[str, Mapping[str, Any]]) -> tuple[tuple[str, str], ...]:
+    extra = benches and all("cpu_s_per_request" in b for b in benches.values())
+    return _COLUMNS + _ROUTER_COLUMNS if extra else _COLUMNS
 
 
 def row(bench: Mapping[str, Any]) -> dict[str, Any]:
@@ -138,32 +147,37 @@ def row(bench: Mapping[str, Any]) -> dict[str, Any]:
         "pred%": 100 * bench["predicted_cached_token_ratio"],
         "busy%": 100 * busy if busy is not None else float("nan"),
         "tok/s": bench["throughput_tok_s"],
+        "cpu_ms/req": 1000 * bench.get("cpu_s_per_request", float("nan")),
+        "idle+ms": 1000 * bench.get("added_latency_s", {}).get("p50", float("nan")),
+        "per replica": "/".join(str(n) for n in bench["per_replica_requests"].values()),
     }
 
 
-def _cells(bench: Mapping[str, Any]) -> list[str]:
+def _cells(bench: Mapping[str, Any], columns: tuple[tuple[str, str], ...]) -> list[str]:
     r = row(bench)
-    return [fmt.format(r[name]) for name, fmt in _COLUMNS]
+    return [fmt.format(r[name]) for name, fmt in columns]
 
 
 def rich_table(benches: Mapping[str, Mapping[str, Any]], title: str = "") -> Any:
     """A rich Table, one row per run (TTFT/TPOT/E2E in seconds, ratios in %)."""
     from rich.table import Table
 
+    columns = _columns(benches)
     table = Table(title=title or None)
     table.add_column("run")
-    for name, _ in _COLUMNS:
+    for name, _ in columns:
         table.add_column(name, justify="right")
     for name, bench in benches.items():
-        table.add_row(name, *_cells(bench))
+        table.add_row(name, *_cells(bench, columns))
     return table
 
 
 def markdown_table(benches: Mapping[str, Mapping[str, Any]]) -> str:
-    names = ["run", *(n for n, _ in _COLUMNS)]
-    lines = ["| " + " | ".join(names) + " |", "|---" + "|---:" * len(_COLUMNS) + "|"]
+    columns = _columns(benches)
+    names = ["run", *(n for n, _ in columns)]
+    lines = ["| " + " | ".join(names) + " |", "|---" + "|---:" * len(columns) + "|"]
     for name, bench in benches.items():
-        lines.append("| " + " | ".join([name, *_cells(bench)]) + " |")
+        lines.append("| " + " | ".join([name, *_cells(bench, columns)]) + " |")
     return "\n".join(lines)
 
 
