@@ -8,8 +8,6 @@ message). The three APIs' ways of sending reasoning back give the same prompt.
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +24,8 @@ from router.responses_normalize import Conversation
 from router.responses_normalize import to_chat as responses_to_chat
 from router.responses_schema import ResponsesRequest
 from router.tokenization import ChatTokenizer
+from tests.router.tool_parsers.family_models import template_model_dir
 
-TEMPLATES = Path(__file__).parents[1] / "chat_templates"
 # family → (template, keeps reasoning in a tool loop, keeps it after a new user message)
 FAMILIES = {
     "qwen3": ("Qwen-Qwen3-0.6B.jinja", True, False),
@@ -43,21 +41,11 @@ TOOLS = [{"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
 
 
-def model_dir(tiny: Path, template: str, dest: Path) -> Path:
-    """The tiny model with another chat template (its byte-level BPE writes any markup)."""
-    if not dest.exists():
-        shutil.copytree(tiny, dest)
-        cfg = json.loads((dest / "tokenizer_config.json").read_text())
-        cfg["chat_template"] = (TEMPLATES / template).read_text()
-        (dest / "tokenizer_config.json").write_text(json.dumps(cfg))
-    return dest
-
-
 @pytest.fixture(scope="module")
 def toks(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
          ) -> dict[str, ChatTokenizer]:
     root = tmp_path_factory.mktemp("thinking")
-    return {f: ChatTokenizer(str(model_dir(tiny_model_dir, t, root / f)))
+    return {f: ChatTokenizer(str(template_model_dir(tiny_model_dir, t, root / f)))
             for f, (t, _, _) in FAMILIES.items()}
 
 

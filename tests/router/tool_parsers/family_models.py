@@ -26,10 +26,15 @@ TEMPLATE_OF = {
 
 def family_model_dir(tiny: Path, family: str, dest: Path) -> Path:
     """A copy of the tiny model folder at ``dest`` whose chat template is ``family``'s."""
+    return template_model_dir(tiny, TEMPLATE_OF[family], dest)
+
+
+def template_model_dir(tiny: Path, template: str, dest: Path) -> Path:
+    """A copy of the tiny model folder at ``dest`` with ``template`` (a file here)."""
     if not (dest / "tokenizer_config.json").exists():
         shutil.copytree(tiny, dest, dirs_exist_ok=True)
         cfg_path = dest / "tokenizer_config.json"
         cfg = json.loads(cfg_path.read_text())
-        cfg["chat_template"] = (TEMPLATES / TEMPLATE_OF[family]).read_text()
+        cfg["chat_template"] = (TEMPLATES / template).read_text()
         cfg_path.write_text(json.dumps(cfg, ensure_ascii=False, indent=2))
     return dest
