@@ -111,6 +111,11 @@ class AuthConfig(_Strict):
         True, description="Refuse to start with no key when server.host is not loopback; "
         "false only behind a gateway that authenticates (docs/auth.md).",
     )
+    key_names_in_metrics: bool = Field(
+        False, description="Label the per-key metrics (kvroute_key_*) with key names; false: "
+        "'keyed'. /metrics is open, so names there are public (the access log always has "
+        "them; docs/observability.md).",
+    )
     rate_limit_store: RateLimitStoreConfig = Field(
         default_factory=RateLimitStoreConfig, description="A Redis for the rate-limit state "
         "that does not evict; unset = the index's Redis (warned).",

@@ -33,7 +33,7 @@ import ipaddress
 import os
 import re
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from pydantic import (
     ValidationError,
@@ -165,6 +165,8 @@ class Authenticator:
     def __init__(self, keys: Sequence[ApiKeyConfig]) -> None:
         check_unique_keys(keys)
         self._keys = [(bytes.fromhex(k.key_sha256), k) for k in keys]
+        # told each caller's key name (None: keys off), for per-key metrics and access log
+        self.on_caller: Callable[[str | None], None] = lambda _name: None
 
     @classmethod
     def from_config(
@@ -192,6 +194,7 @@ class Authenticator:
     def authenticate(self, headers: Mapping[str, str]) -> ApiKeyConfig | None:
         """The caller's key (None when auth is off); ``ApiError(401)`` when missing or wrong."""
         if not self._keys:
+            self.on_caller(None)
             return None
         presented = presented_keys(headers)
         if not presented:
@@ -199,6 +202,7 @@ class Authenticator:
                            "'x-api-key: <key>'", "missing_api_key")
         for candidate in presented:
             if (key := self._match(candidate)) is not None:
+                self.on_caller(key.name)
                 return key
         raise ApiError(401, "invalid API key", "invalid_api_key")
 

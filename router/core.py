@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Mapping
@@ -69,6 +70,8 @@ class RouterCore:
         self.gate = AdmissionGate(admission, metrics.ADMISSION_WAIT.observe) \
             if admission is not None else None
         self.auth = Authenticator.from_config(config.auth)
+        self.auth.on_caller = functools.partial(
+            telemetry.identify, names_in_metrics=config.auth.key_names_in_metrics)
         self.isolation = idx.tenant_isolation
         self.predicted_header = idx.predicted_cached_header if \
             idx.predicted_cached_header is not None else (self.isolation or not self.auth.enabled)
@@ -155,8 +158,10 @@ class RouterCore:
 
     async def _generate(self, req: RouteRequest) -> Generation:
         info = telemetry.current()
-        info.model = req.name
         weights = self.resolve(req.name)
+        # A configured model, never the client's string (aliases match patterns): metric
+        # labels stay bounded by the config.
+        info.model = req.name if req.name in weights else next(iter(weights))
         started = time.perf_counter()
         hashes = self._hashes(req.token_ids, weights, req.tenant)
         ctx = await self._context(req, weights, hashes)
@@ -169,7 +174,7 @@ class RouterCore:
         run = await self.dispatcher.dispatch(ranked, ctx, work, info)
         gen = self._generation(run, req, info)
         gen.request = dataclasses.replace(req, name=gen.model)  # what a resume starts from
-        info.model = gen.model
+        info.model, info.replica = gen.model, gen.replica
         if req.session_id:
             self._spawn(self.index.record_session(req.session_id, gen.model, gen.replica))
         return gen

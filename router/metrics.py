@@ -36,6 +36,12 @@ HOST_CACHED_TOKENS = Counter("kvroute_host_cached_tokens",
 PREDICTED_TOKENS = Counter("kvroute_predicted_cached_tokens",
                            "Prompt tokens the router predicted cached", ["model"],
                            registry=REGISTRY)
+# Per API key (review finding 20): the label is a key name from the config (or "keyed"
+# unless auth.key_names_in_metrics), "anonymous" with keys off, "unauthenticated" for 401s.
+KEY_REQUESTS = Counter("kvroute_key_requests", "API requests per key by outcome",
+                       ["key", "model", "status"], registry=REGISTRY)
+KEY_TOKENS = Counter("kvroute_key_tokens", "Prompt and output tokens per key",
+                     ["key", "model", "kind"], registry=REGISTRY)
 OUTPUT_TOKENS = Counter("kvroute_output_tokens", "Generated tokens", ["model"], registry=REGISTRY)
 INDEX_BLOCKS = Gauge("kvroute_index_blocks", "Entries in the prefix index (block, replica)",
                      registry=REGISTRY)

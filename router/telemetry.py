@@ -11,6 +11,8 @@ the middleware turns it into metrics when the response ends.
 from __future__ import annotations
 
 import contextvars
+import json
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +24,9 @@ from router import metrics
 from workers.protocol import Usage
 
 TRACER = tracer("kvroute.router")
+# One line per API request (docs/observability.md); under ray.serve so Serve's handlers
+# write it to the router replica's log, next to Serve's own access lines.
+ACCESS = logging.getLogger("ray.serve.kvroute.access")
 
 
 @dataclass(slots=True)
@@ -30,7 +35,12 @@ class RequestInfo:
     model: str = ""
     first_token_at: float | None = None
     tokens_out: int = 0
+    tokens_in: int = 0
     failed: bool = False
+    key: str = "unauthenticated"  # the caller's key name (identify); never the key itself
+    key_label: str = "unauthenticated"  # what the per-key metrics say (bounded by config)
+    replica: str = ""
+    request_id: str = ""
 
 
 CURRENT: contextvars.ContextVar[RequestInfo | None] = contextvars.ContextVar(
@@ -40,6 +50,14 @@ CURRENT: contextvars.ContextVar[RequestInfo | None] = contextvars.ContextVar(
 
 def current() -> RequestInfo:
     return CURRENT.get() or RequestInfo()
+
+
+def identify(name: str | None, names_in_metrics: bool = False) -> None:
+    """The authenticator's word on this request's caller: a key name, or None when keys
+    are off. Metrics get the name only if configured (/metrics is open), else "keyed"."""
+    info = current()
+    info.key = name or "anonymous"
+    info.key_label = "anonymous" if name is None else (name if names_in_metrics else "keyed")
 
 
 def record_usage(info: RequestInfo, usage: Usage, predicted: int) -> None:
@@ -52,7 +70,9 @@ def record_usage(info: RequestInfo, usage: Usage, predicted: int) -> None:
         metrics.HOST_CACHED_TOKENS.labels(m).inc(usage.host_cached_tokens)
     metrics.PREDICTED_TOKENS.labels(m).inc(predicted)
     metrics.OUTPUT_TOKENS.labels(m).inc(out)
-    info.tokens_out = out
+    metrics.KEY_TOKENS.labels(info.key_label, m, "prompt").inc(prompt)
+    metrics.KEY_TOKENS.labels(info.key_label, m, "output").inc(out)
+    info.tokens_out, info.tokens_in = out, prompt
     span = trace.get_current_span()
     span.set_attribute("gen_ai.usage.input_tokens", prompt)
     span.set_attribute("gen_ai.usage.output_tokens", out)
@@ -60,12 +80,14 @@ def record_usage(info: RequestInfo, usage: Usage, predicted: int) -> None:
     span.set_attribute("kvroute.predicted_cached_tokens", predicted)
 
 
-def _finish(info: RequestInfo, status: int) -> None:
-    if not info.model:
-        return  # rejected before a model was known: counted by status only
+def _finish(info: RequestInfo, status: int, route: str) -> None:
     now = time.monotonic()
     outcome = "ok" if status < 400 and not info.failed else ("error" if status >= 500 or
                                                             info.failed else "rejected")
+    metrics.KEY_REQUESTS.labels(info.key_label, info.model, outcome).inc()
+    _access_log(info, status, route, now)
+    if not info.model:
+        return  # rejected before a model was known: counted by status only
     metrics.REQUESTS.labels(info.model, outcome).inc()
     metrics.E2E.labels(info.model).observe(now - info.started)
     if info.first_token_at is not None:
@@ -75,8 +97,24 @@ def _finish(info: RequestInfo, status: int) -> None:
             metrics.TPOT.labels(info.model).observe(tpot)
 
 
+def _access_log(info: RequestInfo, status: int, route: str, now: float) -> None:
+    """One structured line: who, what, where, how it went. No prompt text, no key."""
+    ACCESS.info("%s", json.dumps({
+        "route": route, "key": info.key, "model": info.model, "replica": info.replica,
+        "status": status, "failed": info.failed, "prompt_tokens": info.tokens_in,
+        "output_tokens": info.tokens_out, "latency_s": round(now - info.started, 4),
+        "request_id": info.request_id}))
+
+
 API_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses",
                         "/v1/messages", "/v1/messages/count_tokens", "/v1/models"})
+
+
+def _request_id(headers: Any) -> str:
+    for k, v in headers:
+        if k.lower() == b"x-request-id":
+            return bytes(v[:128]).decode("latin-1")  # client-chosen: bounded
+    return ""
 
 
 def span_name(method: str, path: str) -> str:
@@ -94,7 +132,8 @@ class TelemetryMiddleware:
         if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
             return await self.app(scope, receive, send)
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        span = TRACER.start_span(span_name(scope["method"], scope["path"]),
+        route = span_name(scope["method"], scope["path"])
+        span = TRACER.start_span(route,
                                  context=extract(headers),
                                  kind=trace.SpanKind.SERVER)
         # Consumed here: inner instrumentation (FastAPI's own) then nests under our span
@@ -110,6 +149,7 @@ class TelemetryMiddleware:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = int(message["status"])
+                info.request_id = _request_id(message.get("headers", ()))
             await send(message)
 
         try:
@@ -119,6 +159,6 @@ class TelemetryMiddleware:
             if info.model:
                 span.set_attribute("gen_ai.request.model", info.model)
             span.end()
-            _finish(info, status)
+            _finish(info, status, route)
             CURRENT.reset(info_token)
             context.detach(token)

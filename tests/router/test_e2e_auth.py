@@ -7,6 +7,7 @@ Ray log."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 import uuid
@@ -130,3 +131,31 @@ def test_keys_never_logged(stack: str) -> None:
         if f.is_file() and f.stat().st_size < 50 << 20:
             text = f.read_bytes()
             assert ALICE.encode() not in text and BOB.encode() not in text, f
+
+
+def test_access_log_and_per_key_metrics(stack: str) -> None:
+    """Review finding 20: each API request leaves one access line naming its key (not the
+    key), and /metrics counts requests per key ("keyed": names stay out of the open
+    /metrics unless auth.key_names_in_metrics)."""
+    import ray
+
+    from tests.stacks import counter
+
+    before = counter(stack, "kvroute_key_requests_total")
+    rid = f"access-{uuid.uuid4().hex}"
+    r = httpx.post(f"{stack}/v1/chat/completions", json=CHAT, timeout=30,
+                   headers={"authorization": f"Bearer {CAROL}", "x-request-id": rid})
+    assert r.status_code == 200, r.text
+    assert counter(stack, "kvroute_key_requests_total") == before + 1
+    assert 'kvroute_key_requests_total{key="keyed"' in httpx.get(f"{stack}/metrics").text
+    logs = Path(ray._private.worker._global_node.get_logs_dir_path())  # noqa: SLF001
+    deadline = time.monotonic() + 10
+    lines: list[dict[str, Any]] = []
+    while not lines and time.monotonic() < deadline:
+        time.sleep(0.5)
+        lines = [json.loads(line[line.index("{"):]) for f in logs.rglob("*")
+                 if f.is_file() and f.stat().st_size < 50 << 20
+                 for line in f.read_text(errors="replace").splitlines()
+                 if rid in line and '"route": ' in line]
+    assert lines and lines[0]["key"] == "carol" and lines[0]["model"] == MODEL, lines
+    assert lines[0]["status"] == 200 and lines[0]["output_tokens"] == 3 and lines[0]["replica"]
