@@ -84,6 +84,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--routers", default=DEFAULT_ROUTERS,
                    help=f"comma-separated, or `all`: {','.join(_routers())}")
     c.add_argument("--markdown", type=Path, help="also write a markdown report here")
+    c.add_argument("--vocab-size", type=int, default=4096, help="trace: token ids below this")
+    c.add_argument("--max-context", type=int, default=131072,
+                   help="trace: leave out requests longer than this (the deployment's window)")
     c.add_argument("--router-replicas", default="",
                    help="e.g. 1,2,4: run kvroute (shared index), smg and vllm-router at each "
                    "count of router replicas instead (ops.bench.scaling)")
@@ -339,9 +342,8 @@ async def _count_replicas(url: str) -> int:
 
 # -- kvroute bench compare ---------------------------------------------------------------
 def cmd_compare(args: argparse.Namespace) -> int:
-    if args.workload != "agent":
-        raise SystemExit("bench compare runs --workload agent: sglang-router 0.3.2 refuses the "
-                         "token-id prompts of trace replay on /v1/completions (HTTP 422)")
+    if args.workload == "trace" and not args.trace:
+        raise SystemExit("--workload trace needs --trace FILE")
     counts = tuple(int(n) for n in args.router_replicas.split(",") if n.strip())
     routers = _routers() if args.routers.strip() == "all" else \
         tuple(r.strip() for r in args.routers.split(",") if r.strip())
@@ -349,6 +351,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
         from ops.bench.scaling import SCALED
 
         routers = SCALED
+    if args.workload == "trace":
+        from ops.bench.compare import TOKEN_ID_ROUTERS
+
+        if refused := [r for r in routers if r not in TOKEN_ID_ROUTERS]:
+            print(f"trace replay sends token-id prompts, which {', '.join(refused)} refuse: "
+                  "left out", file=sys.stderr)
+        routers = tuple(r for r in routers if r in TOKEN_ID_ROUTERS)
     unknown = set(routers) - set(_routers())
     if unknown:
         raise SystemExit(f"--routers: unknown {sorted(unknown)}")
@@ -365,6 +374,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         agent=_agent_params(args), model_path=args.model_path,
         port=args.port, overhead_samples=args.overhead_samples, routers=routers,
         sglang_args=tuple(shlex.split(args.sglang_args)),
+        trace=args.trace if args.workload == "trace" else None,
+        vocab_size=args.vocab_size, max_context=args.max_context,
         sim={"prefill_tok_s": args.prefill_tok_s, "tpot_s": args.tpot_ms / 1000.0,
              "tpot_per_batch_s": 0.0002, "kv_blocks": args.kv_blocks},
     )
