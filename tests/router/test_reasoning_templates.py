@@ -193,3 +193,17 @@ def test_responses_reasoning_items_without_text_or_in_a_row() -> None:
     two = messages(*({"type": "reasoning", "summary": [{"type": "summary_text", "text": t}]}
                      for t in ("A.", "B.")))
     assert two == [bare[0], {**bare[1], "reasoning_content": "A.\n\nB.", "thinking": "A.\n\nB."}]
+
+
+def test_deepseek_v32_keeps_a_tool_loops_reasoning_when_thinking(tiny_model_dir: Path,
+                                                                  tmp_path: Path) -> None:
+    """DeepSeek-V3.2 (the same parser as V3.1) renders the current tool loop's reasoning
+    in thinking mode only, so a client must ask for reasoning on every turn."""
+    tok = ChatTokenizer(str(template_model_dir(
+        tiny_model_dir, "deepseek-ai-DeepSeek-V3.2.jinja", tmp_path / "ds32")))
+    model = ModelConfig(name="m", engine="sim", model_path="/x")
+    assert resolve(model, tok).name == "deepseek-v3.1"  # type: ignore[union-attr]
+    assert THOUGHT in render_chat(tok, tool_loop(False), reasoning_effort="high")
+    assert THOUGHT not in render_chat(tok, tool_loop(False))
+    assert THOUGHT not in render_chat(tok, tool_loop(True), reasoning_effort="high")
+    assert render_chat(tok, tool_loop(False), reasoning_effort="high").endswith("<think>")

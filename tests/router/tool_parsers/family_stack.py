@@ -55,6 +55,11 @@ THINKING = {
     "deepseek-v3.1": (f"{THOUGHT}</think>{ANSWER}",  # the prompt opened <think>
                       f"{THOUGHT}</think><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather"
                       f"<｜tool▁sep｜>{_ARGS}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
+    "deepseek-v3.2": (f"{THOUGHT}</think>{ANSWER}",
+                      f"{THOUGHT}</think>\n\n<｜DSML｜function_calls>\n"
+                      '<｜DSML｜invoke name="get_weather">\n'
+                      '<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n'
+                      "</｜DSML｜invoke>\n</｜DSML｜function_calls>"),
     "glm-4.5": (f"\n<think>{THOUGHT}</think>\n{ANSWER}",
                 f"\n<think>{THOUGHT}</think>\n<tool_call>get_weather\n<arg_key>city</arg_key>\n"
                 "<arg_value>Paris</arg_value>\n</tool_call>"),
