@@ -194,7 +194,8 @@ class ReasoningItem(_Lenient):
 
 
 class ReasoningConfig(_Lenient):
-    effort: str | None = None  # passed to thinking templates
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = \
+        None  # passed to thinking templates
     summary: str | None = None  # accepted; kvroute returns the reasoning, not a summary
 
 

@@ -27,7 +27,9 @@ _BUDGETS = ((4096, "low"), (16384, "medium"))
 
 
 def options(enabled: bool | None, effort: str | None = None) -> TemplateOptions:
-    """The template variables for thinking on/off (None: unsaid) and an effort."""
+    """The template variables for thinking on/off (None: unsaid) and an effort (one the
+    templates do not know is unsaid)."""
+    effort = effort if effort in _LEVEL else None
     if effort == "none":
         enabled = False
     if enabled is None and effort is None:

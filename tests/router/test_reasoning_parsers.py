@@ -121,3 +121,33 @@ def test_config_checks_the_reasoning_parser_name() -> None:
     assert ModelConfig(**base, reasoning_parser="none").reasoning_parser == "none"
     with pytest.raises(ValidationError, match="not a known reasoning format"):
         ModelConfig(**base, reasoning_parser="qwen-3")
+
+
+def test_an_unrecognised_template_is_logged_once_and_passes_through(
+        tiny_model_dir, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from deploy.config import ModelConfig
+    from router.reasoning_parsers import for_request
+    from router.tokenization import ChatTokenizer
+
+    tok = ChatTokenizer(str(tiny_model_dir))  # the demo template: no reasoning format
+    model = ModelConfig(name="demo-once", engine="sim", model_path=str(tiny_model_dir))
+    with caplog.at_level(logging.INFO, logger="router.reasoning_parsers"):
+        assert for_request(model, tok, [1, 2]) is None
+        assert for_request(model, tok, [1, 2]) is None
+    assert sum("no reasoning format" in r.message for r in caplog.records) == 1
+    forced = model.model_copy(update={"reasoning_parser": "qwen3"})
+    assert for_request(forced, tok, [1, 2]) is not None  # the config's choice wins
+
+
+def test_reasoning_switches() -> None:
+    from router.reasoning_parsers.controls import budget_effort, options
+
+    assert options(None) == () and options(None, "bogus") == ()
+    assert dict(options(None, "none")) == {"enable_thinking": False, "thinking": False,
+                                           "reasoning_effort": "low"}
+    assert dict(options(True, "max"))["reasoning_effort"] == "high"
+    assert dict(options(False)) == {"enable_thinking": False, "thinking": False}
+    assert [budget_effort(b) for b in (None, 1024, 4096, 10000, 32000)] == \
+        [None, "low", "low", "medium", "high"]
