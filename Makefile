@@ -7,7 +7,7 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 VVENV  ?= .venv-vllm
 VBIN   := $(VVENV)/bin
 
-.PHONY: up test test-fast test-vllm lint venv redis agent-clis
+.PHONY: up test test-fast test-vllm lint venv redis agent-clis peers
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,12 @@ agent-clis:
 	  elif command -v brew >/dev/null; then brew install node; \
 	  else echo "please install Node.js and npm" >&2; exit 1; fi; }
 	npm ci --prefix tests/agents --no-audit --no-fund --loglevel=error
+
+# The peer routers `kvroute bench compare` runs (smg, vllm-router), each in a venv of its own
+# under ~/.cache/kvroute/peers, installed by pip. The compare test installs them on first use
+# too (~40 s on a fresh machine); this target does it ahead.
+peers: venv
+	$(BIN)/python -m ops.bench.peers
 
 test: venv redis agent-clis
 	$(BIN)/pip install -q -e '.[mlx,dev]'

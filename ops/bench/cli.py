@@ -444,7 +444,11 @@ def _write(args: argparse.Namespace, benches: dict[str, Any], records: dict[str,
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2) + "\n")
     if args.plot:
-        title = f"{args.workload}: " + ", ".join(benches)
+        title = f"{args.workload}: " + (", ".join(benches) if len(benches) <= 3
+                                        else f"{len(benches)} runs")
         report.plot_ttft_cdf(records, args.plot / "ttft_cdf.png", f"TTFT CDF ({title})")
         report.plot_cached_ratio(records, args.plot / "cached_ratio.png",
                                  f"cached token ratio over time ({title})")
+        if all("cpu_s_per_request" in b for b in benches.values()):
+            report.plot_cpu(benches, args.plot / "cpu_per_request.png",
+                            f"CPU per request ({title})")

@@ -239,11 +239,14 @@ async def measured(name: str, target: str, direct: str, procs: list[Any], spec: 
     """One router's run with its idle added latency first and its CPU over the run;
     ``headers``: the direct endpoints' token (``direct_headers``)."""
     added = await lineup.idle_added_latency(target, direct, MODEL, spec.idle_samples, headers)
-    meter = lineup.CpuMeter(procs)
+    meter, workers = lineup.CpuMeter(procs), lineup.CpuMeter(lineup.worker_processes(MODEL))
     meter.start()
+    workers.start()
     records, bench = await run_one(name, target, spec, show, headers)
     meter.stop()
-    bench.update(meter.summary(bench["requests"]), added_latency_s=added)
+    workers.stop()
+    bench.update(meter.summary(bench["requests"]), added_latency_s=added,
+                 replica_cpu_s_per_request=workers.seconds / max(1, bench["requests"]))
     return records, bench
 
 

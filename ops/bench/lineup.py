@@ -10,6 +10,9 @@
   message, ``max_tokens`` 1, not streamed) through the router minus the same request
   straight to a replica's own endpoint, interleaved on the idle system: p50 - p50 and
   p99 - p99. A chat request because two peers (smg, sglang-router) refuse token-id prompts.
+* Replica CPU (``replica_cpu_s_per_request``): the same over the worker replicas. A router
+  that tokenizes through its workers (vllm-router calls ``/v1/chat/completions/render`` on
+  every worker before each request) moves that work there, out of its own figure.
 """
 
 from __future__ import annotations
@@ -25,6 +28,12 @@ from ops.bench.report import stats
 
 _KVROUTE_PROCS = ("ServeReplica:kvroute:kvroute-router", "ProxyActor")
 WARMUP = 10
+
+
+def worker_processes(model: str) -> list[psutil.Process]:
+    """The worker replicas of ``model`` (engine and direct endpoint: where vllm-router's
+    render calls and every router's requests are served)."""
+    return descendants_matching(lambda cmd: f"ServeReplica:kvroute:{model}" in cmd)
 
 
 def kvroute_processes() -> list[psutil.Process]:

@@ -130,3 +130,16 @@ def vllm_router(name: str, endpoints: list[str], events: list[str | None], model
            "--prometheus-port", str(free_port()), "--worker-urls", *endpoints,
            "--log-level", "warning", *_argv(flags), *extra]
     return RouterLaunch(name, cmd, flags, port)
+
+
+def main() -> None:
+    """Install every peer's venv (``make peers``) and print how long each install took."""
+    for package in VERSIONS:
+        start = time.monotonic()
+        ensure_venv(package)
+        print(f"{package} {VERSIONS[package]}: {venv_dir(package)} "
+              f"(install {install_seconds(package)} s; this call {time.monotonic() - start:.1f} s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -127,7 +127,8 @@ _COLUMNS: tuple[tuple[str, str], ...] = (
 )
 # bench compare's per-router extras (ops.bench.lineup), shown when every run has them
 _ROUTER_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("cpu_ms/req", "{:.1f}"), ("idle+ms", "{:.2f}"), ("per replica", "{}"),
+    ("cpu_ms/req", "{:.1f}"), ("replica_cpu_ms/req", "{:.1f}"), ("idle+ms", "{:.2f}"),
+    ("per replica", "{}"),
 )
 
 
@@ -148,6 +149,7 @@ def row(bench: Mapping[str, Any]) -> dict[str, Any]:
         "busy%": 100 * busy if busy is not None else float("nan"),
         "tok/s": bench["throughput_tok_s"],
         "cpu_ms/req": 1000 * bench.get("cpu_s_per_request", float("nan")),
+        "replica_cpu_ms/req": 1000 * bench.get("replica_cpu_s_per_request", float("nan")),
         "idle+ms": 1000 * bench.get("added_latency_s", {}).get("p50", float("nan")),
         "per replica": "/".join(str(n) for n in bench["per_replica_requests"].values()),
     }
@@ -249,6 +251,24 @@ def plot_cached_ratio(runs: Mapping[str, Sequence[Record]], path: str | Path, ti
     ax.set_ylabel("cached / prompt tokens")
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
+    ax.legend()
+    return _save(fig, plt, path)
+
+
+def plot_cpu(benches: Mapping[str, Mapping[str, Any]], path: str | Path, title: str) -> Path:
+    """Router CPU ms per request (and the worker replicas' beside it), one bar pair a run."""
+    plt = _pyplot()
+    names = list(benches)
+    x = np.arange(len(names))
+    router = [1000 * benches[n].get("cpu_s_per_request", np.nan) for n in names]
+    replica = [1000 * benches[n].get("replica_cpu_s_per_request", np.nan) for n in names]
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    ax.bar(x - 0.2, router, 0.4, label="router processes")
+    ax.bar(x + 0.2, replica, 0.4, label="worker replicas (engine emulator + endpoint)")
+    ax.set_xticks(x, names, rotation=20, ha="right")
+    ax.set_ylabel("CPU ms per request")
+    ax.set_title(title)
+    ax.grid(True, axis="y", alpha=0.3)
     ax.legend()
     return _save(fig, plt, path)
 

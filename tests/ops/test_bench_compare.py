@@ -86,6 +86,7 @@ def test_short_compare_on_sim(ray_local: None, serve_port: int, tiny_model_dir: 
         assert bench["params"]["salt"] == name
         assert all(r.ok for r in records[name])
         assert bench["cpu_s_per_request"] > 0 and bench["cpu_s_by_process"], name
+        assert bench["replica_cpu_s_per_request"] > 0, name
         assert set(bench["added_latency_s"]) >= {"p50", "p99", "router_p50", "direct_p50"}
         if name != "kvroute":
             assert bench["params"]["router_flags"]["--policy"], name
