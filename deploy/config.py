@@ -78,6 +78,11 @@ class MlxKwargs(_Strict):
     prefill_step_size: int | None = Field(None, ge=1, description="Tokens per prefill step.")
     max_batch: int | None = Field(None, ge=1, description="Sequences decoding together.")
     prefill_batch_size: int | None = Field(None, ge=1, description="Prompts prefilled together.")
+    disk_bytes: int | None = Field(None, ge=0, description="Disk tier of the prefix KV store "
+                                   "(evicted entries spill to files, reloaded on a hit); 0: off.")
+    disk_path: str | None = Field(None, description="Disk tier folder (default: a temporary one).")
+    lease_fraction: float | None = Field(None, ge=0, le=1,
+                                         description="Most of cache_bytes leases may hold.")
 
 
 class SimKwargs(_Strict):
@@ -258,6 +263,18 @@ class IndexConfig(_Strict):
         return self.model_copy(update={"redis_url": url, "redis_url_env": None})
 
 
+class LeaseConfig(_Strict):
+    """KV retention across an agent's pauses (router.leases): each turn asks its replica to
+    keep the session's blocks for about the gap the router expects before the next turn."""
+
+    enabled: bool = Field(True, description="Send leases (engines without them ignore them).")
+    quantile: float = Field(0.75, gt=0, le=1, description="The lease covers this quantile of "
+                            "the session kind's learned gaps between turns.")
+    prior_s: float = Field(30.0, ge=0, description="Lease before a kind has min_samples gaps.")
+    min_samples: int = Field(8, ge=1, description="Gaps seen before the learned lease is used.")
+    max_s: float = Field(300.0, ge=0, description="Longest lease.")
+
+
 class PromptCacheConfig(_Strict):
     """Incremental tokenization in each router replica (router.prompt_cache)."""
 
@@ -309,6 +326,8 @@ class RouterConfig(_Strict):
     )
     prompt_cache: PromptCacheConfig = Field(
         default_factory=PromptCacheConfig, description="Incremental tokenization.")
+    leases: LeaseConfig = Field(default_factory=LeaseConfig,
+                                description="KV retention across agents' pauses.")
     policy: str = Field("kvroute", description="A named routing profile (deploy.routing).")
     pipeline: PipelineConfig | None = Field(
         None, description="An explicit pipeline (filters, weighted scorers, picker); "

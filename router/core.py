@@ -31,6 +31,7 @@ from router.decision import Decider
 from router.dispatch import Dispatcher, Started
 from router.errors import ApiError
 from router.generation import Generation
+from router.leases import SessionGaps, session_kind
 from router.load import LoadTracker
 from router.ratelimit import RateLimiter, store_url
 from router.selection import (
@@ -81,6 +82,7 @@ class RouterCore:
             on_error=lambda op: metrics.INDEX_ERRORS.labels(op).inc(),
         )
         self.max_resumes = config.router.max_resumes
+        self.gaps = SessionGaps(config.router.leases)
         self.dispatcher = Dispatcher(
             streaming, self.decider, config.router.max_retries,
             config.router.first_token_timeout_s, self._record_routed, self.remember)
@@ -170,7 +172,9 @@ class RouterCore:
             ctx = await self._context(req, weights, hashes)  # the view after the wait
         ranked = self._rank(ctx)
         metrics.ROUTE.observe(time.perf_counter() - started)
-        work = WorkRequest(req.request_id, req.token_ids, req.sampling, cache_salt=req.tenant)
+        lease_s = self.gaps.turn(req.session_id, self.monotonic())
+        work = WorkRequest(req.request_id, req.token_ids, req.sampling, cache_salt=req.tenant,
+                           lease_s=lease_s)
         run = await self.dispatcher.dispatch(ranked, ctx, work, info)
         gen = self._generation(run, req, info)
         gen.request = dataclasses.replace(req, name=gen.model)  # what a resume starts from
@@ -255,7 +259,8 @@ class RouterCore:
         if not ranked:
             raise err
         metrics.RESUMES.labels(gen.model).inc()
-        work = WorkRequest(req.request_id, ids, sampling, cache_salt=req.tenant)
+        lease_s = self.gaps.lease_s(session_kind(req.session_id)) if req.session_id else 0.0
+        work = WorkRequest(req.request_id, ids, sampling, cache_salt=req.tenant, lease_s=lease_s)
         return gen.adopt(await self.dispatcher.dispatch(ranked, ctx, work, gen._info))
 
     async def _all_candidates(

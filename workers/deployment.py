@@ -101,7 +101,7 @@ class ModelWorker:
     ) -> AsyncIterator[WorkerMessage]:
         """Stream one generation. ``kvroute_rank`` is consumed by the request router."""
         req = GenerateRequest(self._engine_id(request.request_id), request.token_ids,
-                              request.sampling, request.cache_salt)
+                              request.sampling, request.cache_salt, request.lease_s)
         self._started += 1
         spans = GenerationSpans(request.trace, {
             "gen_ai.request.model": self._cfg.name, "kvroute.replica": self._replica,

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cache_service.hashing import model_salt
+from workers.kv_disk import mlx_disk_tier
 from workers.kv_store import PrefixKVStore
 from workers.mlx_jobs import BatchConfig, Job
 from workers.protocol import (
@@ -171,6 +172,7 @@ class BatchLoop:
         self.store = PrefixKVStore(
             c.model_name, c.replica_id, c.cache_bytes, c.block_size,
             model_salt(c.model_name), _kv_nbytes, c.max_cache_entries,
+            disk=mlx_disk_tier(c.disk_bytes, c.disk_path), lease_fraction=c.lease_fraction,
         )
         self._gen = self._new_generator()
 
@@ -243,7 +245,7 @@ class BatchLoop:
             if job.aborted.is_set() or job.request.sampling.max_tokens <= 0:
                 self._finish_unstarted(job, "abort" if job.aborted.is_set() else "length")
                 continue
-            cache, reused = self._fetch_cache(job.request.token_ids, job.request.cache_salt)
+            cache, reused = self._fetch_cache(job)
             job.prefill_left = len(job.request.token_ids) - reused
             args.append((job, cache, reused))
         if not args:
@@ -324,8 +326,9 @@ class BatchLoop:
             tail += "" if hit else seq.stops.flush()
         if tail or seq.held:
             job.put(TokenChunk(tail, tuple(seq.held)))
-        self._store_cache(job.request.token_ids, tokens, cache, job.request.cache_salt)
-        usage = Usage(len(job.request.token_ids), seq.generated, seq.reused)
+        self._store_cache(job.request.token_ids, tokens, cache, job.request.cache_salt,
+                          job.request.lease_s)
+        usage = job.usage(seq.generated, seq.reused)
         job.put(Finished(usage, reason, seq.stops.matched))
 
     def _abort(self, job: Job) -> None:
@@ -334,7 +337,7 @@ class BatchLoop:
             return
         self._gen.remove([job.uid])
         job.prefill_left = 0
-        job.put(Finished(Usage(len(job.request.token_ids), seq.generated, seq.reused), "abort"))
+        job.put(Finished(job.usage(seq.generated, seq.reused), "abort"))
 
     def _finish_unstarted(self, job: Job, reason: str) -> None:
         job.prefill_left = 0
@@ -354,7 +357,7 @@ class BatchLoop:
         with self._lock:
             self._closed = True
         for seq in self._seqs.values():
-            usage = Usage(len(seq.job.request.token_ids), seq.generated, seq.reused)
+            usage = seq.job.usage(seq.generated, seq.reused)
             seq.job.put(Finished(usage, "abort"))
         for job in self._new:
             self._finish_unstarted(job, "abort")
@@ -377,6 +380,8 @@ class BatchLoop:
         if self.store is not None:
             with self.events_lock:
                 self.store.clear()  # BlockRemoved for all: this replica holds nothing now
+                if self.store.disk is not None:
+                    self.store.disk.close()
         gc.collect()
         try:
             import mlx.core as mx
@@ -386,20 +391,23 @@ class BatchLoop:
             pass
 
     # -- prefix KV store ----------------------------------------------------------
-    def _fetch_cache(self, prompt: list[int], salt: str | None) -> tuple[list[Any], int]:
+    def _fetch_cache(self, job: Job) -> tuple[list[Any], int]:
         from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
         assert self.store is not None
-        match = self.store.nearest(prompt, salt)  # only this tenant's KV
+        prompt = job.request.token_ids
+        with self.events_lock:  # a disk hit moves entries (and emits events)
+            match = self.store.nearest(prompt, job.request.cache_salt)  # this tenant's KV only
         reuse = min(match.common, len(prompt) - 1) if match else 0
         if not match or reuse <= 0:
             return make_prompt_cache(self._model), 0
+        job.disk_reused = reuse if match.tier == "disk" else 0
         cache = copy.deepcopy(match.kv)  # the stored entry stays intact for others
         trim_prompt_cache(cache, _offset(cache) - reuse)
         return cache, reuse
 
     def _store_cache(self, prompt: list[int], tokens: list[int], cache: list[Any],
-                     salt: str | None) -> None:
+                     salt: str | None, lease_s: float) -> None:
         from mlx_lm.models.cache import trim_prompt_cache
 
         assert self.store is not None
@@ -413,7 +421,7 @@ class BatchLoop:
             log.warning("mlx: KV tokens do not extend the prompt; not caching")
             return
         with self.events_lock:
-            self.store.insert(key, cache, salt)
+            self.store.insert(key, cache, salt, lease_s)
 
 
 def _offset(cache: list[Any]) -> int:

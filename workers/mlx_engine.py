@@ -55,10 +55,14 @@ class MlxEngine:
         prefill_step_size: int | None = None,
         max_batch: int = 32,
         prefill_batch_size: int | None = None,
+        disk_bytes: int = 0,
+        disk_path: str | None = None,
+        lease_fraction: float = 0.25,
     ) -> None:
         self._cfg = BatchConfig(
             model_path, model_name, replica_id, block_size, cache_bytes,
             max_cache_entries, prefill_step_size, max_batch, prefill_batch_size,
+            disk_bytes, disk_path, lease_fraction,
         )
         self._core = BatchLoop(self._cfg)
         self._thread: threading.Thread | None = None

@@ -8,7 +8,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from workers.protocol import GenerateRequest
+from workers.protocol import GenerateRequest, Usage
 
 
 @dataclass(slots=True, eq=False)  # identity equality
@@ -21,6 +21,10 @@ class Job:
     aborted: threading.Event = field(default_factory=threading.Event)
     prefill_left: int = 0  # uncached prompt tokens not yet prefilled (engine thread writes)
     uid: int | None = None  # BatchGenerator uid once inserted
+    disk_reused: int = 0  # of the reused prompt tokens, those read back from the disk tier
+
+    def usage(self, generated: int, reused: int) -> Usage:
+        return Usage(len(self.request.token_ids), generated, reused, min(self.disk_reused, reused))
 
     def __post_init__(self) -> None:
         self.prefill_left = len(self.request.token_ids)  # until the cache lookup says less
@@ -43,3 +47,6 @@ class BatchConfig:
     prefill_step_size: int | None = None  # None: by device (BatchLoop._prefill_settings)
     max_batch: int = 32  # sequences decoding together (mlx-lm's decode concurrency)
     prefill_batch_size: int | None = None
+    disk_bytes: int = 0  # the prefix store's disk tier (0: none; workers.kv_disk)
+    disk_path: str | None = None  # its folder (None: a private temporary one)
+    lease_fraction: float = 0.25  # most of cache_bytes that leased entries may hold

@@ -40,6 +40,7 @@ class GenerateRequest:
     token_ids: list[int]
     sampling: SamplingParams = field(default_factory=SamplingParams)
     cache_salt: str | None = None  # the tenant: its KV is kept apart (engines salt per it)
+    lease_s: float = 0.0  # keep the prompt's KV this long after the request ends (0: no lease)
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,13 +179,16 @@ class InputRejected(ValueError):
 class WorkRequest:
     """Router → worker: one generation. ``trace``: the W3C carrier of the router's span.
     ``cache_salt``: the tenant when ``index.tenant_isolation`` is on; the engine keeps and
-    hashes its KV per salt, so tenants never share a cached prefix."""
+    hashes its KV per salt, so tenants never share a cached prefix. ``lease_s``: keep this
+    request's KV for that long after it ends, before unleased KV goes (``router.leases``;
+    engines without leases ignore it)."""
 
     request_id: str
     token_ids: list[int]
     sampling: SamplingParams
     trace: dict[str, str] | None = None
     cache_salt: str | None = None
+    lease_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

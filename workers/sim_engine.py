@@ -128,6 +128,7 @@ class SimEngine:
             seed=sp.seed or 0,
             eos=not sp.ignore_eos,
             script=reply.token_ids if reply else None,
+            lease_s=request.lease_s,
         )
         stream = _Stream(StopMatcher(sp.stop), pieces=reply.pieces if reply else None)
         self._streams[rid] = stream

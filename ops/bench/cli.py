@@ -65,6 +65,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-context", type=int,
                    help="trace: leave out requests whose input + output exceed this")
     p.add_argument("--salt", default="", help="prefix every prompt (isolates runs' caches)")
+    p.add_argument("--identity-headers", action="store_true",
+                   help="agent: send Claude Code's session and sub-agent headers per session")
     _load_args(p)
     p.set_defaults(func=cmd_bench)
     modes = p.add_subparsers(dest="bench_mode", metavar="{compare,router,index,engines}")
@@ -319,7 +321,7 @@ async def _bench(args: argparse.Namespace) -> tuple[dict[str, Any], list[Any]]:
                       max_context=args.max_context, speedup=args.speedup)
     replicas = args.replicas if args.replicas is not None else await _count_replicas(args.url)
     label = args.label or "server"
-    async with cl.Client(args.url, model) as client:
+    async with cl.Client(args.url, model, identity=args.identity_headers) as client:
         records = await cl.Runner(client, spec, label, not args.quiet).run(driver)
     bench = bench_json(records, workload=args.workload, policy=label, replicas=replicas,
                        params=params, prefill_tok_s=args.prefill_tok_s)

@@ -71,6 +71,18 @@ class LoadSpec:
     drain_timeout_s: float = 300.0
 
 
+def identity_headers(session: str) -> dict[str, str]:
+    """Claude Code's identity headers for a workload session key: a sub-agent's key is its
+    parent's plus ``.a<turn>.<k>`` (``workloads._SessionBuilder``)."""
+    if not session:
+        return {}
+    main, dot, agent = session.partition(".a")
+    out = {"x-claude-code-session-id": main}
+    if dot:
+        out["x-claude-code-agent-id"] = "a" + agent
+    return out
+
+
 async def fetch_model(url: str) -> str:
     """The first model ``GET /v1/models`` lists."""
     async with aiohttp.ClientSession() as s, s.get(f"{url}/v1/models") as r:
@@ -82,9 +94,10 @@ class Client:
     """Streams one request at a time per call of ``send``; share it across tasks."""
 
     def __init__(self, url: str, model: str, timeout_s: float = 900.0,
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None, identity: bool = False) -> None:
         self.url, self.model, self.timeout_s = url.rstrip("/"), model, timeout_s
         self.headers = headers  # sent with every request (a direct endpoint's token)
+        self.identity = identity  # send agent identity headers, as Claude Code does
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> Client:
@@ -105,7 +118,9 @@ class Client:
         start = time.monotonic()
         rec = Record(req.key, req.session, start - t0)
         try:
-            async with self._session.post(f"{self.url}{req.path}", json=body) as resp:
+            headers = identity_headers(req.session) if self.identity else None
+            async with self._session.post(f"{self.url}{req.path}", json=body,
+                                          headers=headers) as resp:
                 if resp.status != 200:
                     rec.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
                     return rec

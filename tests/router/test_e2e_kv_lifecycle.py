@@ -1,8 +1,11 @@
-"""KV lifecycle on real Serve: sim replicas with a host tier, a real redis-server index.
+"""KV lifecycle on real Serve: a sim replica with a host tier and leases, a real
+redis-server index.
 
 A prefix pushed off the device by other prompts lands in the host tier; the index (Redis)
 knows that tier, the router predicts the hit, the engine serves it by reloading, and
-``/metrics`` (what ``kvroute status`` reads) counts it as a host-tier hit."""
+``/metrics`` (what ``kvroute status`` reads) counts it as a host-tier hit. A session's
+turn carries a lease (``router.leases``): under the same pressure its prefix stays on the
+device while an unleased one of the same age goes to host."""
 
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import pytest
 from deploy.config import IndexConfig
 from ops.status import model_summary, parse_metrics
 from router.metrics_hub import CACHE_S
-from tests.stacks import deployed, redis_url, sim_model, stack_config
+from tests.stacks import counter, deployed, redis_url, sim_model, stack_config
 
 pytestmark = pytest.mark.slow
 MODEL = "sim-tiers"
@@ -28,8 +31,8 @@ def stack(ray_local: None, tiny_model_dir: Path, stack_redis: Any,
           serve_port: int) -> Iterator[str]:
     model = sim_model(MODEL, tiny_model_dir, replicas=1)
     model = model.model_copy(update={"engine_kwargs": {
-        **model.engine_kwargs, "kv_blocks": 12, "host_kv_blocks": 64,
-        "host_reload_tok_s": 1e6}})
+        **model.engine_kwargs, "kv_blocks": 64, "host_kv_blocks": 256,
+        "host_reload_tok_s": 1e6, "lease_fraction": 0.75}})
     cfg = stack_config(
         serve_port, model,
         index=IndexConfig(redis_url=redis_url(stack_redis),
@@ -39,9 +42,10 @@ def stack(ray_local: None, tiny_model_dir: Path, stack_redis: Any,
         yield url
 
 
-def _ask(url: str, text: str) -> tuple[httpx.Response, dict[str, Any]]:
+def _ask(url: str, text: str, session: str | None = None) -> tuple[httpx.Response, dict[str, Any]]:
     body = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": text}]}
-    r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+    headers = {"x-session-id": session} if session else {}
+    r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60, headers=headers)
     assert r.status_code == 200, r.text
     return r, r.json()["usage"]
 
@@ -49,18 +53,38 @@ def _ask(url: str, text: str) -> tuple[httpx.Response, dict[str, Any]]:
 def test_evicted_prefix_comes_back_from_the_host_tier(stack: str) -> None:
     import time
 
-    a = "alpha " + " ".join(f"a{i}" for i in range(500))  # ~8 blocks of 64 tokens
+    a = _words("a", 500)  # ~30 blocks of 64 tokens (the tiny model's tokenizer)
     _, first = _ask(stack, a)
     assert first["prompt_tokens_details"]["cached_tokens"] == 0
-    for k in range(2):  # two other prompts fill the 12-block device: "a" moves to host
-        _ask(stack, f"other{k} " + " ".join(f"o{k}x{i}" for i in range(500)))
+    for k in range(2):  # two others of ~45 blocks fill the 64-block device: "a" to host
+        _ask(stack, _words(f"o{k}x", 500))
     time.sleep(0.3)  # the worker publishes its events every 50 ms
     r, again = _ask(stack, a)
     cached = again["prompt_tokens_details"]["cached_tokens"]
-    assert cached >= 6 * 64, again
-    assert int(r.headers["x-kvroute-predicted-cached-tokens"]) >= 6 * 64
+    assert cached >= 25 * 64, again
+    assert int(r.headers["x-kvroute-predicted-cached-tokens"]) >= 25 * 64
     time.sleep(CACHE_S + 0.1)
     summary = model_summary(parse_metrics(httpx.get(f"{stack}/metrics").text), MODEL, 1)
     host = summary["host_cached_ratio"]
     assert host is not None and host > 0, summary
     assert summary["device_cached_ratio"] + host == pytest.approx(summary["cached_ratio"])
+
+
+def _words(tag: str, n: int) -> str:
+    return " ".join(f"{tag}{i}" for i in range(n))
+
+
+def test_a_leased_session_prefix_stays_on_the_device(stack: str) -> None:
+    session = f"agent-{uuid.uuid4().hex}"
+    leased, plain = _words("l", 300), _words("p", 150)  # ~17 and ~8 blocks
+    _ask(stack, leased, session=session)  # its lease: the prior, 30 s; 48 blocks may lease
+    _ask(stack, plain)
+    for k in range(4):  # 4 x ~15 blocks: more than the 47 unleased slots hold
+        _ask(stack, _words(f"q{k}x", 150))
+    host_before = counter(stack, "kvroute_host_cached_tokens_total")
+    _, again = _ask(stack, leased, session=session)
+    assert again["prompt_tokens_details"]["cached_tokens"] >= 16 * 64
+    assert counter(stack, "kvroute_host_cached_tokens_total") == host_before  # device hit
+    _, other = _ask(stack, plain)
+    assert other["prompt_tokens_details"]["cached_tokens"] >= 7 * 64
+    assert counter(stack, "kvroute_host_cached_tokens_total") > host_before  # from host

@@ -75,3 +75,50 @@ def test_no_host_tier_is_the_single_tier_model() -> None:
     drain(core)
     assert by_tier(core.drain_events())[1] == ("BlockRemoved", "device", (2, 1))
     assert "reload_cost" not in core.load().routing_stats()
+
+
+def test_leased_blocks_go_after_unleased_ones_and_leases_expire() -> None:
+    p = SimParams(kv_blocks=6, block_size=4, prefill_tok_s=1e6, tpot_s=0.01, lease_fraction=0.5)
+    core = SimCore(p, "m", "r")
+    core.submit(SimRequest("kept", [1, 2, 3], 12, 1, lease_s=10.0), 0.0)
+    core.submit(SimRequest("other", [4, 5, 6], 12, 1), 0.0)
+    drain(core)
+    core.drain_events()
+    core.submit(SimRequest("new", [7, 8, 9], 12, 1), 1.0)  # needs 3 slots: "other" goes
+    drain(core)
+    assert by_tier(core.drain_events())[0] == ("BlockRemoved", "device", (6, 5, 4))
+    assert core.cached_prefix_blocks(SimRequest("q", [1, 2, 3], 12, 1)) == 3
+    # Only leased blocks left to evict: they go then, deepest first.
+    core.submit(SimRequest("more", [20], 4, 1), 2.0)
+    drain(core)
+    assert by_tier(core.drain_events())[0] == ("BlockRemoved", "device", (9,))
+    core.submit(SimRequest("more2", [21, 22, 23, 24], 16, 1), 3.0)
+    drain(core)
+    assert removed_of(core.drain_events()) == [8, 7, 20, 3]
+    # A block keeps the latest of its leases; an expired lease is an ordinary block again,
+    # and the least recently used one.
+    core.submit(SimRequest("k2", [1, 2], 8, 1, lease_s=1.0), 4.0)
+    drain(core)
+    core.submit(SimRequest("x", [30, 31], 8, 1), 9.0)  # lease of 1, 2 still runs (to 10)
+    drain(core)
+    assert removed_of(core.drain_events()) == [24, 23]
+    core.submit(SimRequest("y", [40, 41], 8, 1), 11.0)
+    drain(core)
+    assert removed_of(core.drain_events()) == [2, 1]
+
+
+def test_leases_hold_at_most_their_fraction_and_the_oldest_gives_way() -> None:
+    p = SimParams(kv_blocks=8, block_size=4, prefill_tok_s=1e6, tpot_s=0.01, lease_fraction=0.25)
+    core = SimCore(p, "m", "r")
+    core.submit(SimRequest("a", [1, 2], 8, 1, lease_s=100.0), 0.0)
+    drain(core)
+    core.submit(SimRequest("b", [3, 4], 8, 1, lease_s=100.0), 1.0)
+    drain(core)
+    assert len(core.kv.leased) == 2 and set(core.kv.leased) == {3, 4}
+    core.submit(SimRequest("c", [5, 6, 7, 8, 9, 10], 24, 1), 2.0)  # evicts 2 of 8
+    drain(core)
+    assert removed_of(core.drain_events()) == [2, 1]  # a's lease was pushed out: unleased
+
+
+def removed_of(events: list[CacheEvent]) -> list[int]:
+    return [h for e in events if isinstance(e, BlockRemoved) for h in e.hashes]
