@@ -50,7 +50,7 @@ def make_index(
 
     ``on_error(op)`` is called on each primary failure (e.g. to count
     ``kvroute_index_errors_total``); ``timeout_s`` is Redis's socket timeout; ``resilience``
-    (``backoff_s``, ``op_timeout_s``) goes to ``ResilientIndex``.
+    (``backoff_s``, ``op_timeout_s``, ``maintenance_timeout_s``) goes to ``ResilientIndex``.
     """
     if not redis_url:
         return MemoryPrefixIndex(settings)
@@ -69,4 +69,5 @@ def index_from_config(cfg: IndexConfig,
                       on_error: Callable[[str], None] | None = None) -> PrefixIndex:
     """The prefix index a router or worker process uses, from the config's ``index``."""
     return make_index(cfg.redis_url, settings_of(cfg), on_error, timeout_s=cfg.timeout_s,
-                      backoff_s=cfg.backoff_s, op_timeout_s=cfg.op_timeout_s)
+                      backoff_s=cfg.backoff_s, op_timeout_s=cfg.op_timeout_s,
+                      maintenance_timeout_s=cfg.maintenance_timeout_s)

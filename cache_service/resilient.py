@@ -51,10 +51,14 @@ class ResilientIndex:
         on_error: Callable[[str], None] | None = None,
         backoff_s: float = 1.0,
         op_timeout_s: float = 0.25,
+        maintenance_timeout_s: float = 0.5,
     ) -> None:
         self.primary = primary
         self.fallback = fallback
         self._op_timeout_s = op_timeout_s  # hard cap on hot-path calls, on top of socket timeouts
+        # and on maintenance calls: a Redis that trickles bytes never trips the socket
+        # timeout, and must not hold the maintenance loop past its period (finding 21)
+        self._maintenance_timeout_s = maintenance_timeout_s
         self.breaker = CircuitBreaker("prefix index", backoff_s, on_error,
                                       meanwhile="using the local fallback")
         self.errors: Counter[str] = Counter()
@@ -78,10 +82,8 @@ class ResilientIndex:
         if not self.breaker.allow():
             return False, None
         try:
-            if hot:
-                async with asyncio.timeout(self._op_timeout_s):
-                    result = await call()
-            else:
+            async with asyncio.timeout(self._op_timeout_s if hot else
+                                       self._maintenance_timeout_s):
                 result = await call()
         except Exception as exc:
             self._record_error(op, exc)

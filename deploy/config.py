@@ -230,6 +230,11 @@ class IndexConfig(_Strict):
     timeout_s: float = Field(0.05, gt=0, description="Per-call Redis timeout.")
     op_timeout_s: float = Field(0.25, gt=0, description="Hard cap on a routing-path index "
                                 "call, on top of the socket timeout.")
+    maintenance_timeout_s: float = Field(
+        0.5, gt=0, description="Hard cap on each maintenance call (replica removals, purges, "
+        "stats): under router.maintenance_s, so a Redis that trickles its replies cannot "
+        "hold up the maintenance loop.",
+    )
     backoff_s: float = Field(1.0, gt=0, description="After a Redis failure, calls are "
                              "answered locally this long, then one probe tries Redis again.")
     publish_flush_s: float = Field(0.05, gt=0, description="How often a worker flushes its "
@@ -430,6 +435,8 @@ class KvrouteConfig(_Strict):
                 raise ValueError(f"group {g.name!r} names unknown models {unknown}")
         if len({g.name for g in self.groups}) != len(self.groups):
             raise ValueError("duplicate group names")
+        if self.index.maintenance_timeout_s >= self.router.maintenance_s:
+            raise ValueError("index.maintenance_timeout_s must be under router.maintenance_s")
         known = {*names, *(g.name for g in self.groups), "auto"}
         for pattern, target in self.aliases.items():
             if target not in known:

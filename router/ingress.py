@@ -108,14 +108,16 @@ class Ingress:
         self._maintainer = asyncio.get_running_loop().create_task(self._maintain())
 
     async def _maintain(self) -> None:
+        period = self._config.router.maintenance_s
         while True:
-            await asyncio.sleep(self._config.router.maintenance_s)
-            try:
-                await self._core.maintain()
+            await asyncio.sleep(period)
+            try:  # each index call has its own cap; this bounds the whole tick (finding 21)
+                async with asyncio.timeout(period):
+                    await self._core.maintain()
             except Exception:  # never let housekeeping die
                 log.exception("router maintenance failed")
             try:  # bounded, and apart: a slow hub must not hold up replica purges
-                await push_metrics(self._hub, self._replica)
+                await push_metrics(self._hub, self._replica, timeout_s=period)
             except Exception as e:
                 log.warning("metrics push to the hub failed: %r", e)
 
