@@ -27,12 +27,13 @@ class ThinkParser(Buffered):
         self._state = _START
         self._buf = ""
         self._lead = True  # at the start of the reasoning or the answer: drop newlines
+        self._reasoned = False  # the reasoning was closed: the answer follows it
 
     def flush(self) -> list[Piece]:
         out: list[Piece] = []
         if self._state == _INSIDE or (self._state == _START and self._opened):
             emit(out, Reasoning(self._buf.strip()))
-        else:
+        elif not (self._reasoned and self._end.startswith(self._buf)):
             emit(out, self._buf)
         self._buf = ""
         return out
@@ -52,10 +53,20 @@ class ThinkParser(Buffered):
             self._state, self._lead = (_INSIDE, True) if self._opened else (_AFTER, False)
             return True
         if self._state == _AFTER:
-            emit(out, self._buf)
-            self._buf, self._lead = "", False
-            return False
+            return self._answer(out)
         return self._reasoning(out)
+
+    def _answer(self, out: list[Piece]) -> bool:
+        """After reasoning, a closer the model writes again is dropped (MiniMax-M2 does:
+        vLLM's minimax_m2 test ``DOUBLE_END_TOKEN``); an answer without reasoning is
+        passed through untouched."""
+        hold = 0
+        if self._reasoned:
+            self._buf = self._buf.replace(self._end, "")
+            hold = partial_suffix(self._buf, (self._end,))
+        emit(out, self._buf[: len(self._buf) - hold])
+        self._buf, self._lead = self._buf[len(self._buf) - hold:], False
+        return False
 
     def _reasoning(self, out: list[Piece]) -> bool:
         cut, keep = -1, 0
@@ -67,6 +78,7 @@ class ThinkParser(Buffered):
             emit(out, Reasoning(self._buf[:cut].rstrip()))
             rest = self._buf[cut:] if keep else self._buf[cut + len(self._end):]
             self._state, self._buf, self._lead = _AFTER, rest, True
+            self._reasoned = True
             return True
         hold = partial_suffix(self._buf, (self._end, *self._implicit))
         safe = self._buf[: len(self._buf) - hold]
