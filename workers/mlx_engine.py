@@ -33,6 +33,7 @@ from workers.protocol import (
     GenerateRequest,
     LoadStats,
     TokenChunk,
+    take_ready,
 )
 
 
@@ -96,15 +97,17 @@ class MlxEngine:
         done = False
         try:
             while not done:
-                item = await job.queue.get()
-                done = isinstance(item, Finished | BaseException)
-                if done:  # not ongoing any more, even if the consumer never resumes us
-                    self._forget(job)
-                if isinstance(item, SamplingError):  # this job's input alone: a 400 (shim)
-                    raise item
-                if isinstance(item, BaseException):
-                    raise EngineError(f"mlx generation failed: {item}") from item
-                yield item
+                for item in take_ready(await job.queue.get(), job.queue):
+                    done = isinstance(item, Finished | BaseException)
+                    if done:  # not ongoing any more, even if the consumer never resumes us
+                        self._forget(job)
+                    if isinstance(item, SamplingError):  # this job's input alone: a 400
+                        raise item
+                    if isinstance(item, BaseException):
+                        raise EngineError(f"mlx generation failed: {item}") from item
+                    yield item
+                    if done:
+                        break
         finally:
             self._forget(job)
             if not done:  # the consumer left early: take the sequence out of the batch

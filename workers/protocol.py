@@ -16,6 +16,7 @@ dict with string keys.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, fields
@@ -222,6 +223,20 @@ class Rejected:
 
 
 WorkerMessage = Chunk | Final | Rejected
+
+
+def take_ready(first: object, queue: asyncio.Queue) -> list:  # type: ignore[type-arg]
+    """``first`` and whatever ``queue`` holds now (never waiting), consecutive
+    ``TokenChunk``s merged into one: a stream then sends in one message what is ready in
+    one go, and never holds a token back (a token alone is sent alone)."""
+    items = [first]
+    while not queue.empty():
+        item, last = queue.get_nowait(), items[-1]
+        if isinstance(item, TokenChunk) and isinstance(last, TokenChunk):
+            items[-1] = TokenChunk(last.text + item.text, last.token_ids + item.token_ids)
+        else:
+            items.append(item)
+    return items
 
 
 @runtime_checkable

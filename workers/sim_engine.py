@@ -39,6 +39,7 @@ from workers.protocol import (
     LoadStats,
     TokenChunk,
     Usage,
+    take_ready,
 )
 from workers.sim_core import LABEL, SimCore, SimFinish, SimOutput, SimParams, SimRequest
 from workers.stops import StopMatcher
@@ -136,10 +137,10 @@ class SimEngine:
         self._reschedule()
         try:
             while True:
-                item = await stream.queue.get()
-                yield item
-                if isinstance(item, Finished):
-                    return
+                for item in take_ready(await stream.queue.get(), stream.queue):
+                    yield item
+                    if isinstance(item, Finished):
+                        return
         finally:
             if self._streams.get(rid) is stream:  # the consumer left early: abort
                 del self._streams[rid]
@@ -214,7 +215,8 @@ class SimEngine:
 
     def _dispatch(self, outputs: list[SimOutput]) -> None:
         for out in outputs:
-            stream = self._streams.get(out.request_id)
+            rid = out.request_id
+            stream = self._streams.get(rid)
             if stream is None:  # its consumer already left
                 continue
             if isinstance(out, SimFinish):
@@ -226,10 +228,13 @@ class SimEngine:
                 stream.queue.put_nowait(TokenChunk(text, tuple(stream.held)))
                 stream.held = []
             if hit:
-                fin = self._core.cancel(out.request_id, self._core.now, reason="stop")
-                assert fin is not None
+                # A late tick can take the core past this token and to the request's end
+                # in one advance: then cancel finds nothing and its SimFinish is in outputs.
+                fin = self._core.cancel(out.request_id, self._core.now, reason="stop") or next(
+                    o for o in outputs if isinstance(o, SimFinish) and o.request_id == rid)
                 # The core may have run past this token within one advance; count to it.
-                self._finish(out.request_id, stream, replace(fin, completion_tokens=out.index + 1))
+                self._finish(rid, stream, replace(fin, reason="stop",
+                                                  completion_tokens=out.index + 1))
 
     def _finish(self, rid: str, stream: _Stream, fin: SimFinish) -> None:
         tail = stream.stops.flush() if fin.reason != "abort" else ""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -87,7 +88,7 @@ async def test_stop_string_and_eos() -> None:
     engine = await make_engine()
     full, _ = await run(engine, prompt(30), max_tokens=10)
     text = "".join(c.text for c in full)
-    stop = token_text(full[3].token_ids[0])
+    stop = token_text([t for c in full for t in c.token_ids][3])
     chunks, fin = await run(engine, prompt(30), "b", max_tokens=10, stop=(stop,))
     assert fin.finish_reason == "stop"
     assert "".join(c.text for c in chunks) == text[: text.find(stop)]
@@ -100,6 +101,21 @@ async def test_stop_string_and_eos() -> None:
     _, fin = await run(eos, prompt(30), "b", max_tokens=10, ignore_eos=True)
     assert fin.finish_reason == "length" and fin.usage.completion_tokens == 10
     await eos.shutdown()
+
+
+async def test_stop_string_on_a_late_tick() -> None:
+    """A tick that fires after the whole generation was due (a busy loop): the core runs
+    to the request's end in one advance, and the stop string still ends the stream."""
+    engine = await make_engine()
+    full, _ = await run(engine, prompt(30), max_tokens=10)
+    stop = token_text([t for c in full for t in c.token_ids][3])
+    task = asyncio.create_task(run(engine, prompt(30), "late", max_tokens=10, stop=(stop,)))
+    await asyncio.sleep(0)  # submitted, its tick scheduled
+    time.sleep(0.1)  # noqa: ASYNC251 (on purpose: the loop is blocked past the generation's end)
+    chunks, fin = await asyncio.wait_for(task, 10)
+    assert fin.finish_reason == "stop"
+    assert fin.usage.completion_tokens == len([t for c in chunks for t in c.token_ids]) == 4
+    await engine.shutdown()
 
 
 async def test_repeated_prompt_is_cached_with_canonical_events() -> None:
