@@ -109,6 +109,20 @@ def error_event(kind: str, text: str) -> bytes:
     return sse("error", {"type": "error", "error": {"type": kind, "message": text}})
 
 
+def block_delta(index: int, kind: str, text: str) -> bytes:
+    """A text or thinking block's ``content_block_delta`` event (``kind``: text, thinking)."""
+    return sse("content_block_delta", {"type": "content_block_delta", "index": index,
+                                       "delta": {"type": f"{kind}_delta", kind: text}})
+
+
+def block_delta_template(index: int, kind: str) -> tuple[bytes, bytes]:
+    """``block_delta(index, kind, text)`` around the JSON of ``text``, built once per
+    block: the bytes of every delta are ``head + json.dumps(text).encode() + tail``."""
+    mark = "\x00"  # json.dumps escapes it, and the rest of the event holds none
+    head, tail = block_delta(index, kind, mark).split(json.dumps(mark).encode())
+    return head, tail
+
+
 class Blocks:
     """Content blocks built from parser events; ``add`` also returns their SSE events.
 
@@ -121,6 +135,7 @@ class Blocks:
         self.tool_calls = 0
         self._open = False  # a text or thinking block is open (streaming)
         self._single = single_tool  # disable_parallel_tool_use: keep the first call only
+        self._delta = (b"", b"")  # the open block's delta template (block_delta_template)
 
     def add(self, ev: Event) -> list[bytes]:
         if isinstance(ev, ToolCall):
@@ -136,10 +151,9 @@ class Blocks:
                 block["signature"] = ""  # see the module docstring
             out.append(self._start(block))
             self._open = True
+            self._delta = block_delta_template(len(self.content) - 1, kind)
         self.content[-1][key] += text
-        delta = {"type": f"{kind}_delta", key: text}
-        out.append(sse("content_block_delta", {"type": "content_block_delta",
-                                               "index": len(self.content) - 1, "delta": delta}))
+        out.append(self._delta[0] + json.dumps(text).encode() + self._delta[1])
         return out
 
     def finish(self) -> list[bytes]:

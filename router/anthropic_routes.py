@@ -119,16 +119,13 @@ class _Reply:
 
     async def stream(self) -> AsyncIterator[bytes]:
         try:
-            yield aa.message_start(self.mid, self.req.model, self.gen.prompt_tokens)
-            yield aa.ping()
-            async for ev in rp.events(self.gen.messages(), self.parser, self.reasoner):
-                for chunk in self.blocks.add(ev):
-                    yield chunk
-            for chunk in self.blocks.finish():
-                yield chunk
+            yield aa.message_start(self.mid, self.req.model, self.gen.prompt_tokens) + aa.ping()
+            async for batch in rp.event_batches(self.gen.messages(), self.parser, self.reasoner):
+                if data := b"".join(chunk for ev in batch for chunk in self.blocks.add(ev)):
+                    yield data  # one write per worker message
+            closing = self.blocks.finish()
             reason, seq, use = self._end()
-            yield aa.message_delta(reason, seq, use)
-            yield aa.message_stop()
+            yield b"".join([*closing, aa.message_delta(reason, seq, use), aa.message_stop()])
         except Exception as e:  # a replica died mid-stream: an error event ends the stream
             log.warning("stream %s failed: %r", self.mid, e)
             yield aa.error_event("api_error", f"generation failed on replica {self.gen.replica}")

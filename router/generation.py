@@ -116,7 +116,8 @@ class Generation:
         return dataclasses.replace(msg, usage=usage)
 
     def _observe(self, msg: WorkerMessage) -> None:
-        if isinstance(msg, Chunk | Final):
+        # once per replica's stream (a resume brings a new ticket), not per chunk
+        if not self._run.ticket.prefilled and isinstance(msg, Chunk | Final):
             self._owner.loads.first_token(self._run.ticket)
             self._owner.on_first_token()
             if self._info.first_token_at is None:

@@ -73,25 +73,66 @@ def text_completion(rid: str, model: str, text: str, final: Final | None) -> dic
     }
 
 
-def chat_chunk(rid: str, model: str, delta: dict[str, Any], reason: str | None) -> dict:
+def chat_chunk(rid: str, model: str, delta: dict[str, Any], reason: str | None,
+               created: int | None = None) -> dict:
     return {
-        "id": rid, "object": "chat.completion.chunk", "created": int(time.time()),
+        "id": rid, "object": "chat.completion.chunk",
+        "created": int(time.time()) if created is None else created,
         "model": model, "choices": [{"index": 0, "delta": delta, "finish_reason": reason}],
     }
 
 
-def text_chunk(rid: str, model: str, text: str, reason: str | None) -> dict:
+def text_chunk(rid: str, model: str, text: str, reason: str | None,
+               created: int | None = None) -> dict:
     return {
-        "id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
+        "id": rid, "object": "text_completion",
+        "created": int(time.time()) if created is None else created, "model": model,
         "choices": [{"index": 0, "text": text, "finish_reason": reason, "logprobs": None}],
     }
 
 
-def usage_chunk(rid: str, model: str, obj: str, final: Final | None) -> dict:
+def usage_chunk(rid: str, model: str, obj: str, final: Final | None,
+                created: int | None = None) -> dict:
     return {
-        "id": rid, "object": obj, "created": int(time.time()), "model": model,
-        "choices": [], "usage": usage_block(final),
+        "id": rid, "object": obj, "created": int(time.time()) if created is None else created,
+        "model": model, "choices": [], "usage": usage_block(final),
     }
+
+
+class ChunkEncoder:
+    """One stream's SSE chunks (chat ``chat.completion.chunk``s, or ``text_completion``s).
+
+    All chunks of a stream carry the ``created`` of its start (as OpenAI's do). A text
+    delta, the bulk of a stream, is the JSON of its text between two byte strings built
+    once: byte for byte ``sse(chat_chunk(...))`` / ``sse(text_chunk(...))`` at that
+    ``created`` (tests/router/test_stream_encoding.py), without a dict and a ``json.dumps``
+    of it per delta."""
+
+    def __init__(self, rid: str, model: str, chat: bool) -> None:
+        self.rid, self.model, self.chat = rid, model, chat
+        self.created = int(time.time())
+        mark = "\x00"  # the text's place in a sample chunk (ids and names hold no NUL)
+        sample = (chat_chunk(rid, model, {"content": mark}, None, self.created) if chat
+                  else text_chunk(rid, model, mark, None, self.created))
+        parts = sse(sample).split(json.dumps(mark).encode())
+        self._parts = (parts[0], parts[1]) if len(parts) == 2 else None
+
+    def text(self, text: str) -> bytes:
+        """A content delta (chat) or a text chunk (completions)."""
+        if self._parts is None:  # a NUL in the id or model name: no template
+            return self.delta({"content": text} if self.chat else {"text": text})
+        return self._parts[0] + json.dumps(text).encode() + self._parts[1]
+
+    def delta(self, delta: dict[str, Any], reason: str | None = None) -> bytes:
+        """Any other chunk: a chat delta (tool calls, the role, the end) or a text end."""
+        if self.chat:
+            return sse(chat_chunk(self.rid, self.model, delta, reason, self.created))
+        return sse(text_chunk(self.rid, self.model, delta.get("text", ""), reason,
+                              self.created))
+
+    def usage(self, final: Final | None) -> bytes:
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        return sse(usage_chunk(self.rid, self.model, obj, final, self.created))
 
 
 def sse(data: dict[str, Any] | str) -> bytes:

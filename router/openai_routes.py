@@ -88,13 +88,14 @@ class _Output:
         self.calls: list[tc.ToolCall] = []
 
     def add(self, ev: rp.Event) -> dict[str, Any] | None:
-        """Record one event; the chat delta to stream for it (None: nothing to send)."""
+        """Record one event; the chat delta to stream for reasoning or a tool call (None:
+        text, or nothing to send)."""
         if isinstance(ev, rp.Reasoning):
             self.reasoning.append(ev.text)
             return {"reasoning_content": ev.text}
-        if isinstance(ev, str):
+        if isinstance(ev, str):  # streamed by ChunkEncoder.text
             self.text.append(ev)
-            return {"content": ev}
+            return None
         if self.single and self.calls:
             return None
         self.calls.append(ev)
@@ -138,25 +139,32 @@ async def _serve(core: RouterCore, request: Request, req: SamplingFields, ids: l
 async def _stream(
     gen: Generation, rid: str, model: str, out: _Output | None, include_usage: bool
 ) -> AsyncIterator[bytes]:
-    chat = out is not None
+    """One write per worker message: its events' chunks joined (``ChunkEncoder``)."""
+    enc = oa.ChunkEncoder(rid, model, chat=out is not None)
     try:
-        if chat:
-            yield oa.sse(oa.chat_chunk(rid, model, {"role": "assistant", "content": ""}, None))
-        async for ev in rp.events(gen.messages(), out.parser if out else None,
-                                  out.reasoner if out else None):
-            if out is None:
-                yield oa.sse(oa.text_chunk(rid, model, str(ev), None))
-            elif (delta := out.add(ev)) is not None:
-                yield oa.sse(oa.chat_chunk(rid, model, delta, None))
+        if out is not None:
+            yield enc.delta({"role": "assistant", "content": ""})
+        async for batch in rp.event_batches(gen.messages(), out.parser if out else None,
+                                            out.reasoner if out else None):
+            if data := b"".join(_encode(enc, out, ev) for ev in batch):
+                yield data  # one write per worker message
         reason = oa.finish_reason(gen.final, bool(out and out.calls))
-        yield oa.sse(oa.chat_chunk(rid, model, {}, reason) if chat
-                     else oa.text_chunk(rid, model, "", reason))
-        if include_usage:
-            obj = "chat.completion.chunk" if chat else "text_completion"
-            yield oa.sse(oa.usage_chunk(rid, model, obj, gen.final))
+        end = enc.delta({} if out is not None else {"text": ""}, reason)
+        yield end + enc.usage(gen.final) + DONE if include_usage else end + DONE
+        return
     except Exception as e:  # a replica died mid-stream: end cleanly with an error chunk
         log.warning("stream %s failed: %r", rid, e)
-        yield oa.sse(oa.stream_error(f"generation failed on replica {gen.replica}"))
+        yield oa.sse(oa.stream_error(f"generation failed on replica {gen.replica}")) + DONE
     finally:
         gen.close()  # also on client disconnect: aborts the worker's generation
-    yield oa.sse("[DONE]")
+
+
+DONE = oa.sse("[DONE]")
+
+
+def _encode(enc: oa.ChunkEncoder, out: _Output | None, ev: rp.Event) -> bytes:
+    """One event's chunk (b"" when it sends nothing: a second call with parallel calls off)."""
+    delta = out.add(ev) if out is not None else None
+    if isinstance(ev, str):
+        return enc.text(ev)
+    return enc.delta(delta) if delta is not None else b""

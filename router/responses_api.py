@@ -61,6 +61,23 @@ def sse(data: dict[str, Any]) -> bytes:
     return f"event: {data['type']}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
 
+def text_delta(kind: str, seq: int | str, item_id: str, index: int, text: str) -> bytes:
+    """The delta event of a message's (``kind`` message) or reasoning item's text."""
+    extra = {} if kind == "reasoning" else {"logprobs": []}
+    return sse({"type": f"response.{_DELTA[kind]}.delta", "sequence_number": seq,
+                "item_id": item_id, "output_index": index, "content_index": 0, "delta": text,
+                **extra})
+
+
+def delta_template(kind: str, item_id: str, index: int) -> tuple[bytes, bytes, bytes]:
+    """``text_delta`` around its sequence number and the JSON of its text, built once per
+    item: ``head + str(seq) + mid + json.dumps(text) + tail`` are its bytes."""
+    seq, text = "\x00", "\x01"  # json.dumps escapes both; ids and the rest hold neither
+    head, rest = text_delta(kind, seq, item_id, index, text).split(json.dumps(seq).encode())
+    mid, tail = rest.split(json.dumps(text).encode())
+    return head, mid, tail
+
+
 class Output:
     """Output items built from parser events; ``add`` also returns their SSE events.
 
@@ -77,6 +94,7 @@ class Output:
         self.created = int(time.time())
         self._seq = 0
         self._open: str | None = None  # the item type being streamed: message, reasoning
+        self._delta = (b"", b"", b"")  # its delta event's template (delta_template)
 
     def event(self, kind: str, **fields: Any) -> bytes:
         data = {"type": kind, "sequence_number": self._seq, **fields}
@@ -93,12 +111,10 @@ class Output:
             return self._call(ev)
         kind, text = ("reasoning", ev.text) if isinstance(ev, Reasoning) else ("message", ev)
         out = [] if self._open == kind else [*self._close_text(), *self._open_item(kind)]
-        item = self.items[-1]
-        item["content"][0]["text"] += text
-        extra = {} if kind == "reasoning" else {"logprobs": []}
-        out.append(self.event(f"response.{_DELTA[kind]}.delta", item_id=item["id"],
-                              output_index=len(self.items) - 1, content_index=0, delta=text,
-                              **extra))
+        self.items[-1]["content"][0]["text"] += text
+        head, mid, tail = self._delta
+        out.append(head + str(self._seq).encode() + mid + json.dumps(text).encode() + tail)
+        self._seq += 1
         return out
 
     def finish(self, final: Final | None, prompt_tokens: int) -> list[bytes]:
@@ -151,6 +167,7 @@ class Output:
         self.items.append(item)
         self._open = kind
         index = len(self.items) - 1
+        self._delta = delta_template(kind, item["id"], index)
         out = [self.event("response.output_item.added", output_index=index, item=dict(item))]
         item["content"].append(part)
         out.append(self.event("response.content_part.added", item_id=item["id"],

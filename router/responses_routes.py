@@ -101,11 +101,10 @@ class _Reply:
 
     async def stream(self) -> AsyncIterator[bytes]:
         try:
-            for event in self.out.start():
-                yield event
-            async for ev in rp.events(self.gen.messages(), self.parser, self.reasoner):
-                for event in self.out.add(ev):
-                    yield event
+            yield b"".join(self.out.start())
+            async for batch in rp.event_batches(self.gen.messages(), self.parser, self.reasoner):
+                if data := b"".join(event for ev in batch for event in self.out.add(ev)):
+                    yield data  # one write per worker message
             closing = self.out.finish(self.gen.final, self.gen.prompt_tokens)
         except Exception as e:  # a replica died mid-stream: response.failed ends the stream
             log.warning("stream %s failed: %r", self.out.id, e)
@@ -114,8 +113,7 @@ class _Reply:
         finally:
             self.gen.close()  # also on client disconnect: aborts the worker's generation
         await self._keep()  # before the closing event: a client may continue at once
-        for event in closing:
-            yield event
+        yield b"".join(closing)
 
     async def _keep(self) -> None:
         if self.store is None:

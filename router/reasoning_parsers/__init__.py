@@ -35,8 +35,8 @@ from router.tokenization import ChatTokenizer
 from router.tool_parsers import ToolCall, ToolParser
 from workers.protocol import Chunk, WorkerMessage
 
-__all__ = ["Event", "Reasoning", "ReasoningParser", "SPECS", "events", "fit_history",
-           "for_request", "resolve"]
+__all__ = ["Event", "Reasoning", "ReasoningParser", "SPECS", "event_batches", "events",
+           "fit_history", "for_request", "resolve"]
 log = logging.getLogger(__name__)
 Event = Reasoning | str | ToolCall
 
@@ -134,10 +134,12 @@ def for_request(model: ModelConfig, tok: ChatTokenizer, prompt_ids: list[int]
     return spec.make(inside)
 
 
-async def events(messages: AsyncIterator[WorkerMessage], tools: ToolParser | None,
-                 reasoning: ReasoningParser | None) -> AsyncIterator[Event]:
+async def event_batches(messages: AsyncIterator[WorkerMessage], tools: ToolParser | None,
+                        reasoning: ReasoningParser | None) -> AsyncIterator[list[Event]]:
     """Worker messages → reasoning, answer text and tool calls: the reasoning parser
-    first, the tool-call parser on the answer it leaves."""
+    first, the tool-call parser on the answer it leaves. One list per worker message that
+    gave any events, the parsers' flush last: the one place a stream's text becomes
+    events, and a list is what a stream sends in one write."""
 
     def answer(pieces: list[Piece]) -> list[Event]:
         out: list[Event] = []
@@ -152,10 +154,20 @@ async def events(messages: AsyncIterator[WorkerMessage], tools: ToolParser | Non
 
     async for msg in messages:
         if isinstance(msg, Chunk) and (text := msg.text):
-            for ev in answer(reasoning.feed(text) if reasoning else [text]):
-                yield ev
-    for ev in answer(reasoning.flush() if reasoning else []):
-        yield ev
+            if tools is None and reasoning is None:
+                yield [text]
+            elif batch := answer(reasoning.feed(text) if reasoning else [text]):
+                yield batch
+    tail = answer(reasoning.flush() if reasoning else [])
     if tools is not None:
-        for ev in tools.flush():
+        tail.extend(tools.flush())
+    if tail:
+        yield tail
+
+
+async def events(messages: AsyncIterator[WorkerMessage], tools: ToolParser | None,
+                 reasoning: ReasoningParser | None) -> AsyncIterator[Event]:
+    """``event_batches``, one event at a time (the replies that are not streamed)."""
+    async for batch in event_batches(messages, tools, reasoning):
+        for ev in batch:
             yield ev
