@@ -32,11 +32,13 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from ops.bench.client import Client, LoadSpec, Runner, agent_driver
-from ops.bench.compare import MODEL, CompareSpec, build_config, free_port
-from ops.bench.router_bench import MODES, Prompts, _cpu, _environment, router_process
+from ops.bench.compare import MODEL, free_port
+from ops.bench.router_bench import MODES, Prompts, _cpu, router_process
+from ops.bench.tree_stack import tree_stack
 from ops.bench.workloads import AgentParams, AgentWorkload, Call, Spawn, Step
 
 MOVE_CASES = ("cache off", "local only", "local + Redis", "same replica")
@@ -150,6 +152,8 @@ class AgentBenchSpec:
     concurrency: int = 16
     modes: tuple[str, ...] = ("before", "after")
     max_tokens: int | None = None  # cap every reply (1: the prompt side alone)
+    base: str | None = None  # "before" runs this tree's code (None: the cache switched off)
+    rounds: int = 1  # the modes alternated this many times
     # think times scaled down (more requests per run); everything else as bench compare
     agent: AgentParams = field(default_factory=lambda: AgentParams(
         tool_time_s=0.2, user_time_s=1.0))
@@ -188,46 +192,49 @@ async def _agent_load(url: str, spec: AgentBenchSpec, mode: str) -> list[Any]:
 
 
 def agent_mode(mode: str, spec: AgentBenchSpec, model_path: str) -> dict[str, Any]:
-    from ray import serve
-
-    from deploy import runtime
-
-    stack = CompareSpec(engine="sim", replicas=1, sim=dict(spec.sim), context_window=262144)
-    with _environment(MODES[mode]):
-        runtime.init_ray("127.0.0.1", num_cpus=4)
-        try:
-            url = runtime.deploy(build_config(stack, model_path, free_port()))
-            runtime.wait_healthy(url, timeout_s=300)
-            proc = router_process()
-            cpu = _cpu(proc)
-            records = asyncio.run(_agent_load(url, spec, mode))
-            cpu = _cpu(proc) - cpu
-            serve.delete(runtime.APP_NAME)
-        finally:
-            runtime.shutdown()
+    """One mode's stack in a child process (``tree_stack``): the code of ``spec.base`` for
+    "before" when given (else this tree with the cache switched off), this tree for "after"."""
+    here = Path(__file__).resolve().parents[2]
+    tree, env = (Path(spec.base), {}) if spec.base and mode == "before" else (here, {})
+    if not spec.base:
+        env = MODES[mode]
+    stack = {"engine": "sim", "replicas": 1, "sim": dict(spec.sim), "context_window": 262144,
+             "model_path": model_path}
+    with tree_stack(tree, stack, env) as url:
+        proc = router_process()
+        cpu = _cpu(proc)
+        records = asyncio.run(_agent_load(url, spec, mode))
+        cpu = _cpu(proc) - cpu
     ok = [r for r in records if r.ok]
-    return {"mode": mode, "requests": len(ok), "errors": len(records) - len(ok),
+    return {"mode": mode, "tree": str(tree), "requests": len(ok),
+            "errors": len(records) - len(ok),
             "router_cpu_s": cpu, "cpu_ms_per_request": 1e3 * cpu / max(1, len(ok)),
             "prompt_tokens_mean": statistics.fmean(r.prompt_tokens for r in ok) if ok else 0,
+            "output_tokens_mean": statistics.fmean(r.completion_tokens for r in ok) if ok else 0,
             "ttft_ms_p50": 1e3 * statistics.median(r.ttft_s for r in ok) if ok else 0}
 
 
 def run_agent(spec: AgentBenchSpec, model_path: str, show: bool = True) -> dict[str, Any]:
+    """``spec.rounds`` rounds of the modes, alternated; the ratio of the modes' totals."""
     out = []
-    for mode in spec.modes:
-        out.append(agent_mode(mode, spec, model_path))
-        if show:
-            print(f"  agent {mode}: {out[-1]}", flush=True)
-    by = {r["mode"]: r["cpu_ms_per_request"] for r in out}
+    for i in range(spec.rounds):
+        for mode in spec.modes:
+            out.append({"round": i + 1, **agent_mode(mode, spec, model_path)})
+            if show:
+                print(f"  agent {mode}: {out[-1]}", flush=True)
+    by = {m: 1e3 * sum(r["router_cpu_s"] for r in out if r["mode"] == m)
+          / max(1, sum(r["requests"] for r in out if r["mode"] == m)) for m in spec.modes}
     ratio = by["after"] / by["before"] if by.get("before") and "after" in by else None
-    return {"agent": {"spec": asdict(spec), "modes": out, "after_over_before": ratio}}
+    return {"agent": {"spec": asdict(spec), "modes": out, "cpu_ms_per_request": by,
+                      "after_over_before": ratio}}
 
 
 def agent_markdown(result: dict[str, Any]) -> str:
-    lines = ["| mode | requests (ok) | mean prompt tokens | router CPU ms/request | "
-             "TTFT ms p50 |", "|---|---:|---:|---:|---:|"]
+    lines = ["| round | mode | requests (ok) | mean prompt tokens | mean output tokens | "
+             "router CPU ms/request | TTFT ms p50 |", "|---:|---|---:|---:|---:|---:|---:|"]
     for r in result["agent"]["modes"]:
-        lines.append(f"| {r['mode']} | {r['requests']} | {r['prompt_tokens_mean']:,.0f} | "
+        lines.append(f"| {r.get('round', 1)} | {r['mode']} | {r['requests']} | "
+                     f"{r['prompt_tokens_mean']:,.0f} | {r.get('output_tokens_mean', 0):.0f} | "
                      f"{r['cpu_ms_per_request']:.1f} | {r['ttft_ms_p50']:.0f} |")
     ratio = result["agent"]["after_over_before"]
     if ratio is not None:
@@ -249,6 +256,11 @@ def add_arguments(r: Any) -> None:
     r.add_argument("--agent-concurrency", type=int, default=16, help="--agent: sessions")
     r.add_argument("--agent-max-tokens", type=int, help="--agent: cap every reply (1: the "
                    "router's prompt-side work alone, no output streaming)")
+    r.add_argument("--agent-base", help="--agent: \"before\" runs the code of this checkout "
+                   "(e.g. a worktree of the commit before issue 16) instead of this code with "
+                   "the prompt cache off")
+    r.add_argument("--agent-rounds", type=int, default=1, help="--agent: alternate the modes "
+                   "this many times (the ratio is over all rounds)")
 
 
 def cli(args: Any, model_path: str) -> tuple[dict[str, Any], str]:
@@ -262,7 +274,8 @@ def cli(args: Any, model_path: str) -> tuple[dict[str, Any], str]:
     if args.agent:
         spec = AgentBenchSpec(duration_s=args.agent_duration,
                               concurrency=args.agent_concurrency,
-                              max_tokens=args.agent_max_tokens,
+                              max_tokens=args.agent_max_tokens, base=args.agent_base,
+                              rounds=args.agent_rounds,
                               modes=tuple(m for m in args.modes.split(",") if m in MODES))
         result.update(run_agent(spec, model_path, show=not args.quiet))
         text += ("\n" if text else "") + agent_markdown(result)
