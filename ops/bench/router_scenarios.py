@@ -38,7 +38,7 @@ from typing import Any
 from ops.bench.client import Client, LoadSpec, Runner, agent_driver
 from ops.bench.compare import MODEL, free_port
 from ops.bench.router_bench import MODES, Prompts, _cpu, router_process
-from ops.bench.tree_stack import tree_stack
+from ops.bench.tree_stack import StackStartError, tree_stack
 from ops.bench.workloads import AgentParams, AgentWorkload, Call, Spawn, Step
 
 MOVE_CASES = ("cache off", "local only", "local + Redis", "same replica")
@@ -200,11 +200,17 @@ def agent_mode(mode: str, spec: AgentBenchSpec, model_path: str) -> dict[str, An
         env = MODES[mode]
     stack = {"engine": "sim", "replicas": 1, "sim": dict(spec.sim), "context_window": 262144,
              "model_path": model_path}
-    with tree_stack(tree, stack, env) as url:
-        proc = router_process()
-        cpu = _cpu(proc)
-        records = asyncio.run(_agent_load(url, spec, mode))
-        cpu = _cpu(proc) - cpu
+    for attempt in range(3):  # a busy machine's Ray can time out starting: try again
+        try:
+            with tree_stack(tree, stack, env) as url:
+                proc = router_process()
+                cpu = _cpu(proc)
+                records = asyncio.run(_agent_load(url, spec, mode))
+                cpu = _cpu(proc) - cpu
+            break
+        except StackStartError:
+            if attempt == 2:
+                raise
     ok = [r for r in records if r.ok]
     return {"mode": mode, "tree": str(tree), "requests": len(ok),
             "errors": len(records) - len(ok),

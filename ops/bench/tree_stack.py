@@ -23,6 +23,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
+class StackStartError(RuntimeError):
+    """The child's stack did not come up (e.g. Ray's start-up timed out)."""
+
+
 def main(argv: list[str]) -> int:
     from ray import serve
 
@@ -57,7 +61,7 @@ def tree_stack(tree: Path, spec: dict[str, object], env: dict[str, str]) -> Iter
                 yield line.split(None, 1)[1].strip()
                 break
         else:
-            raise RuntimeError(f"the stack of {tree} did not start (exit {proc.wait()})")
+            raise StackStartError(f"the stack of {tree} did not start (exit {proc.wait()})")
     finally:
         if proc.stdin:
             proc.stdin.close()
