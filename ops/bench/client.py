@@ -51,6 +51,7 @@ class Record:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    content_chunks: int = 0  # streamed chunks with content (tokens / chunks: their size)
     predicted_cached_tokens: int = 0
     replica: str = ""
     error: str | None = None
@@ -161,6 +162,7 @@ async def _read_stream(resp: aiohttp.ClientResponse, rec: Record, start: float) 
             rec.cached_tokens = int(details.get("cached_tokens") or 0)
         choices = chunk.get("choices") or []
         if choices and _has_content(choices[0]):
+            rec.content_chunks += 1
             last = time.monotonic()
             if rec.ttft_s is None:
                 rec.ttft_s = last - start

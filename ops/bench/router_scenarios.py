@@ -217,6 +217,8 @@ def agent_mode(mode: str, spec: AgentBenchSpec, model_path: str) -> dict[str, An
             "router_cpu_s": cpu, "cpu_ms_per_request": 1e3 * cpu / max(1, len(ok)),
             "prompt_tokens_mean": statistics.fmean(r.prompt_tokens for r in ok) if ok else 0,
             "output_tokens_mean": statistics.fmean(r.completion_tokens for r in ok) if ok else 0,
+            "tokens_per_chunk": sum(r.completion_tokens for r in ok)
+            / max(1, sum(r.content_chunks for r in ok)),
             "ttft_ms_p50": 1e3 * statistics.median(r.ttft_s for r in ok) if ok else 0}
 
 
@@ -237,11 +239,13 @@ def run_agent(spec: AgentBenchSpec, model_path: str, show: bool = True) -> dict[
 
 def agent_markdown(result: dict[str, Any]) -> str:
     lines = ["| round | mode | requests (ok) | mean prompt tokens | mean output tokens | "
-             "router CPU ms/request | TTFT ms p50 |", "|---:|---|---:|---:|---:|---:|---:|"]
+             "output tokens per chunk | router CPU ms/request | TTFT ms p50 |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|"]
     for r in result["agent"]["modes"]:
         lines.append(f"| {r.get('round', 1)} | {r['mode']} | {r['requests']} | "
                      f"{r['prompt_tokens_mean']:,.0f} | {r.get('output_tokens_mean', 0):.0f} | "
-                     f"{r['cpu_ms_per_request']:.1f} | {r['ttft_ms_p50']:.0f} |")
+                     f"{r.get('tokens_per_chunk', 0):.2f} | {r['cpu_ms_per_request']:.1f} | "
+                     f"{r['ttft_ms_p50']:.0f} |")
     ratio = result["agent"]["after_over_before"]
     if ratio is not None:
         lines.append(f"\nafter / before router CPU per request: {ratio:.2f}x")
