@@ -42,6 +42,7 @@ from ops.bench.tree_stack import StackStartError, tree_stack
 from ops.bench.workloads import AgentParams, AgentWorkload, Call, Spawn, Step
 
 MOVE_CASES = ("cache off", "local only", "local + Redis", "same replica")
+STACK_ATTEMPTS = 5  # --agent: Ray's 30 s start-up wait runs out on a busy machine
 
 
 # -- a session moves to a new router replica ----------------------------------------------
@@ -200,7 +201,7 @@ def agent_mode(mode: str, spec: AgentBenchSpec, model_path: str) -> dict[str, An
         env = MODES[mode]
     stack = {"engine": "sim", "replicas": 1, "sim": dict(spec.sim), "context_window": 262144,
              "model_path": model_path}
-    for attempt in range(3):  # a busy machine's Ray can time out starting: try again
+    for attempt in range(STACK_ATTEMPTS):  # a busy machine's Ray can time out starting
         try:
             with tree_stack(tree, stack, env) as url:
                 proc = router_process()
@@ -209,8 +210,9 @@ def agent_mode(mode: str, spec: AgentBenchSpec, model_path: str) -> dict[str, An
                 cpu = _cpu(proc) - cpu
             break
         except StackStartError:
-            if attempt == 2:
+            if attempt == STACK_ATTEMPTS - 1:
                 raise
+            time.sleep(10)
     ok = [r for r in records if r.ok]
     return {"mode": mode, "tree": str(tree), "requests": len(ok),
             "errors": len(records) - len(ok),
