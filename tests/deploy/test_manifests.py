@@ -448,3 +448,30 @@ def test_docs_reference_existing_files(doc: str) -> None:
     paths = set(re.findall(r"`((?:deploy|docs|ops)/[\w./-]+\.(?:yaml|yml|md|py|json))`", text))
     assert paths, f"{doc}: no file references found"
     assert sorted(p for p in paths if not (ROOT / p).exists()) == []
+
+
+def test_ray_pods_run_restricted() -> None:
+    """Review finding 18: every Ray pod runs as the images' non-root user with no privilege
+    escalation, no capabilities and the runtime's seccomp profile; the CPU pods (head,
+    routers) have a read-only root filesystem with /tmp and the home as emptyDirs."""
+    rc = _rayservice()["spec"]["rayClusterConfig"]
+    groups = {"head": rc["headGroupSpec"], **_worker_groups()}
+    for name, group in groups.items():
+        pod = group["template"]["spec"]
+        ctx = pod["securityContext"]
+        assert ctx["runAsNonRoot"] and isinstance(ctx["runAsUser"], int) and ctx["runAsUser"]
+        assert ctx["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        for container in pod["containers"]:
+            sec = container["securityContext"]
+            assert sec["allowPrivilegeEscalation"] is False, name
+            assert sec["capabilities"]["drop"] == ["ALL"], name
+            if container["image"].endswith("-cpu"):
+                assert sec["readOnlyRootFilesystem"] is True, name
+                mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+                empty = {v["name"] for v in pod["volumes"] if "emptyDir" in v}
+                assert {"/tmp", "/home/ray"} <= set(mounts), name
+                assert {mounts["/tmp"], mounts["/home/ray"]} <= empty, name
+    auto = rc["autoscalerOptions"]["securityContext"]
+    assert auto["allowPrivilegeEscalation"] is False and auto["capabilities"]["drop"] == ["ALL"]
+    uid = {int(m) for m in re.findall(r"--uid (\d+)", (DOCKER / "Dockerfile.cpu").read_text())}
+    assert uid == {groups["head"]["template"]["spec"]["securityContext"]["runAsUser"]}
