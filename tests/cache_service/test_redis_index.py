@@ -199,11 +199,13 @@ async def test_expired_entries_deleted_lazily(redis_url: str, settings_for: Sett
 
 
 async def test_sweep_cursor_cleans_big_holdings(redis_url: str, settings_for: SettingsFor) -> None:
-    index = RedisPrefixIndex(redis_url, settings_for(routed_ttl_s=0.2), timeout_s=1.0)
+    # The fresh writes below must all land within one TTL: 2 s leaves room on a busy machine
+    # (0.2 s did not: the first fresh fields expired and were swept before the count).
+    index = RedisPrefixIndex(redis_url, settings_for(routed_ttl_s=2.0), timeout_s=1.0)
     client = index.client
     old = block_hashes(list(range(64 * 3000)), salt=1)  # hashtable-encoded HASH
     await index.record_routed("m", "r1", old)
-    await asyncio.sleep(0.35)
+    await asyncio.sleep(2.1)
     fresh = block_hashes(list(range(64 * 100)), salt=2)
     for i in range(100):  # each write sweeps 2 * 1 new + 64 fields from the saved cursor
         await index.record_routed("m", "r1", fresh[i : i + 1])
