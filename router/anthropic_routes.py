@@ -65,7 +65,7 @@ async def messages(core: RouterCore, request: Request) -> Response:
                           tenant=key.name if key else None)
     gen = await core.generate(req.model, ids, params, rid, hu.forwarded_headers(request),
                               session, api_key=key, has_tools=bool(req.tools))
-    headers = {**hu.routing_headers(gen), "request-id": rid}
+    headers = {**hu.routing_headers(core, gen), "request-id": rid}
     reply = _Reply(gen, req, _parser(core, req, prompt.tools), bound)
     reply.reasoner = rp.for_request(core.primary(req.model), tok, ids)
     if req.stream:

@@ -135,18 +135,20 @@ class RouterCore:
         headers: Mapping[str, str] | None = None, session_id: str | None = None,
         api_key: ApiKeyConfig | None = None, has_tools: bool = False,
     ) -> Generation:
-        """Admit (rate limits: prompt + max_tokens), then route and dispatch.
+        """Admit (rate limits: prompt + max_tokens; ``api_key`` comes from
+        ``http_util.admit_caller``, which charged the request itself), then route and
+        dispatch.
 
         ``model`` may name a model, a group or 'auto': (model, replica) pairs of every
         member are scored together.
         """
         tenant = api_key.name if self.isolation and api_key is not None else None
         req = RouteRequest(model, token_ids, sampling, request_id, headers or {}, session_id,
-                           has_tools, tenant, self.predicted_header)
+                           has_tools, tenant)
         if api_key is None:
             return await self._generate(req)
         charged = len(token_ids) + sampling.max_tokens
-        await self.limiter.admit(api_key, charged)
+        await self.limiter.admit(api_key, charged, request=False)  # counted by admit_caller
         try:
             gen = await self._generate(req)
         except asyncio.CancelledError:  # the client left: its prompt stays charged

@@ -66,11 +66,9 @@ async def admit_caller(core: RouterCore, request: Request) -> ApiKeyConfig | Non
     ``RouterCore.generate``, whose own admission then charges tokens only (the request is
     already counted)."""
     key = core.auth.authenticate(request.headers)
-    if key is None:
-        return None
-    if key.requests_per_min:
-        await core.limiter.admit(key.model_copy(update={"tokens_per_min": None}), 0)
-    return key.model_copy(update={"requests_per_min": None})
+    if key is not None and key.requests_per_min:
+        await core.limiter.admit(key, None)
+    return key
 
 
 async def read_body(request: Request, limits: BodyLimits | None = None) -> bytes:
@@ -158,11 +156,11 @@ class GenerationStream(StreamingResponse):
             self.gen.close()
 
 
-def routing_headers(gen: Generation) -> dict[str, str]:
+def routing_headers(core: RouterCore, gen: Generation) -> dict[str, str]:
     # Serve itself echoes x-request-id (the client's, or its own).
     out = {"x-kvroute-router": gen.router, "x-kvroute-model": gen.model,
            "x-kvroute-replica": gen.replica}
-    if gen.request is None or gen.request.predicted_header:  # index.predicted_cached_header
+    if core.predicted_header:  # index.predicted_cached_header
         out["x-kvroute-predicted-cached-tokens"] = str(gen.predicted_cached_tokens)
     return out
 

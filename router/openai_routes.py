@@ -115,7 +115,7 @@ async def _serve(core: RouterCore, request: Request, req: SamplingFields, ids: l
         req.model, ids, params, rid, hu.forwarded_headers(request), session, api_key=key,
         has_tools=bool(getattr(req, "tools", None)),
     )
-    headers = hu.routing_headers(gen)
+    headers = hu.routing_headers(core, gen)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return hu.GenerationStream(_stream(gen, rid, req.model, out, include_usage), gen, headers)

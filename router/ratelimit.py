@@ -311,14 +311,16 @@ class RateLimiter:
         """The Redis keys of one API key: its request and token TATs."""
         return [f"{self._prefix}{name}:req", f"{self._prefix}{name}:tok"]
 
-    async def admit(self, key: ApiKeyConfig, tokens: int) -> None:
-        """Charge one request and ``tokens`` tokens to ``key``, or raise ``ApiError(429)``.
+    async def admit(self, key: ApiKeyConfig, tokens: int | None, request: bool = True) -> None:
+        """Charge one request (``request``) and ``tokens`` tokens (None: no token charge)
+        to ``key``, or raise ``ApiError(429)``.
 
         ``tokens`` = prompt tokens + max_tokens. Keys without limits cost nothing."""
-        rpm, tpm = key.requests_per_min or 0, key.tokens_per_min or 0
+        rpm = (key.requests_per_min or 0) if request else 0
+        tpm = (key.tokens_per_min or 0) if tokens is not None else 0
         if not rpm and not tpm:
             return
-        tokens = max(0, int(tokens)) if tpm else 0
+        tokens = max(0, int(tokens or 0)) if tpm else 0
         if tpm and tokens > tpm:
             raise ApiError(429, f"the request needs up to {tokens} tokens (prompt + max_tokens)"
                            f" but key {key.name!r} may use {tpm} tokens per minute; lower "

@@ -59,7 +59,7 @@ async def create(core: RouterCore, store: ResponseStore, request: Request) -> Re
     out = Output(req, new_id("resp"), catalog, single_call=req.parallel_tool_calls is False)
     reply = _Reply(gen, out, parser, store if req.store else None, conversation)
     reply.reasoner = rp.for_request(core.primary(req.model), tok, ids)
-    headers = hu.routing_headers(gen)
+    headers = hu.routing_headers(core, gen)
     if req.stream:
         return hu.GenerationStream(reply.stream(), gen, headers)
     return JSONResponse(await reply.collect(), headers=headers)

@@ -37,7 +37,6 @@ class RouteRequest:
     session_id: str | None
     has_tools: bool = False
     tenant: str | None = None  # the cache salt (index.tenant_isolation): the key's name
-    predicted_header: bool = True  # send x-kvroute-predicted-cached-tokens
 
 
 @functools.cache

@@ -88,6 +88,7 @@ class FakeCore:
         self.calls: list[dict[str, Any]] = []
         self.gens: list[FakeGeneration] = []
         self.auth = Authenticator([])  # open, like a config without keys
+        self.predicted_header = True  # RouterCore's: x-kvroute-predicted-cached-tokens
         self.store = ResponseStore(None, "kvroute", ttl_s=60.0, max_entry_bytes=1 << 20,
                                    memory_bytes=8 << 20)
 

@@ -43,7 +43,7 @@ class LimitedCore(FakeCore):
         self.auth = Authenticator([ApiKeyConfig(name="t", key_sha256=hash_key(KEY),
                                                 requests_per_min=rpm, tokens_per_min=tpm)])
         self.limiter = RateLimiter(None)
-        self.isolation, self.predicted_header = False, True
+        self.isolation = False
         self._tasks: set[Any] = set()
         self._key: ApiKeyConfig | None = None
 
