@@ -220,7 +220,7 @@ def cmd_router(args: argparse.Namespace) -> int:
     from ops.tiny_model import ensure_model
 
     model = args.model_path or str(ensure_model())
-    if args.move or args.agent:  # their own figures instead of the prompt-length table
+    if args.move or args.agent or args.specials:  # their own figures, not the length table
         result, text = router_scenarios.cli(args, model)
     else:
         spec = rb.quick(rb.RouterBenchSpec()) if args.quick else rb.RouterBenchSpec()

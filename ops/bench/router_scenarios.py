@@ -273,10 +273,15 @@ def add_arguments(r: Any) -> None:
                    "the prompt cache off")
     r.add_argument("--agent-rounds", type=int, default=1, help="--agent: alternate the modes "
                    "this many times (the ratio is over all rounds)")
+    r.add_argument("--specials", action="store_true", help="the cost of encoding client "
+                   "special-token strings as text, fast and slow path (in process; "
+                   "ops.bench.special_cost)")
+    r.add_argument("--specials-length", type=int, default=160000,
+                   help="--specials: prompt tokens")
 
 
 def cli(args: Any, model_path: str) -> tuple[dict[str, Any], str]:
-    """The ``--move`` and/or ``--agent`` results and their markdown."""
+    """The ``--move``, ``--agent`` and/or ``--specials`` results and their markdown."""
     result: dict[str, Any] = {}
     text = ""
     if args.move:
@@ -291,4 +296,9 @@ def cli(args: Any, model_path: str) -> tuple[dict[str, Any], str]:
                               modes=tuple(m for m in args.modes.split(",") if m in MODES))
         result.update(run_agent(spec, model_path, show=not args.quiet))
         text += ("\n" if text else "") + agent_markdown(result)
+    if args.specials:
+        from ops.bench.special_cost import run_specials, specials_markdown
+
+        result.update(run_specials(model_path, args.specials_length))
+        text += ("\n" if text else "") + specials_markdown(result)
     return result, text
