@@ -33,25 +33,22 @@ Limits (each errs towards never claiming a block the replica cannot serve):
   start, so they are unreachable until evicted. One vLLM block keeps at most ``_MAX_LINKS``
   canonical links (a block that begins many continuations); older links age out by index TTL.
 * A gap in the publisher's sequence numbers resets the maps and emits ``AllBlocksCleared``.
-  Events for LoRA adapters, KV-cache groups other than 0 and non-device media are ignored.
+  Events for LoRA adapters and KV-cache groups other than 0 are ignored. Offloaded media
+  (CPU, storage) go to their own tier's mapper (``workers.vllm_blocks``).
 """
 
 from __future__ import annotations
 
-import array
 import asyncio
 import contextlib
 import logging
 import os
 import tempfile
 import uuid
-from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from cache_service.events import AllBlocksCleared, BlockRemoved, BlockStored, CacheEvent
-from cache_service.hashing import block_hashes, model_salt, tenant_salt
+from cache_service.events import CacheEvent
 from deploy.config import VLLM_FORCED_ARGS
 from workers.protocol import (
     EngineError,
@@ -62,134 +59,13 @@ from workers.protocol import (
     TokenChunk,
     Usage,
 )
+from workers.vllm_blocks import TieredMapper
 
 log = logging.getLogger(__name__)
 
 EngineKwargs = Mapping[str, int | float | str | bool]
-VllmHash = int | bytes
 CPU_KV_CACHE_BYTES = 512 << 20  # CPU default KV budget unless VLLM_CPU_KVCACHE_SPACE is set
-_MAX_LINKS = 64
-_MAX_PENDING_EVENTS = 1 << 16
 _FORCED_ARGS = VLLM_FORCED_ARGS
-
-
-@dataclass(slots=True)
-class _Node:
-    """The canonical chain state at the end of one vLLM block."""
-
-    canon_parent: int | None  # canonical hash of the last full canonical block, None at start
-    pending: array.array[int]  # tokens after that canonical boundary (< canonical block size)
-    holders: tuple[VllmHash, ...]  # vLLM blocks holding ``pending``
-    salt: int = 0  # the chain's root salt (the model's, narrowed to a tenant)
-    links: list[int] = field(default_factory=list)  # canonical blocks this block is part of
-    refs: int = 1
-
-
-def _cache_salt(extra_keys: Sequence[Any] | None) -> str | None:
-    """The ``cache_salt`` vLLM folded into a root block (the str among its extra keys:
-    kvroute sends no LoRA and no multimodal input, whose keys would sit there too)."""
-    keys = extra_keys[0] if extra_keys else None
-    return next((k for k in keys or () if isinstance(k, str)), None)
-
-
-class BlockMapper:
-    """vLLM block events → canonical ``CacheEvent``s (see the module docstring)."""
-
-    def __init__(self, model: str, replica: str, block_size: int, max_blocks: int = 1 << 16):
-        self._model, self._replica, self._size = model, replica, block_size
-        self._salt = model_salt(model)
-        self.max_blocks = max_blocks
-        self._nodes: OrderedDict[VllmHash, _Node] = OrderedDict()
-        self._events: deque[CacheEvent] = deque(maxlen=_MAX_PENDING_EVENTS)
-        self.skipped_blocks = 0
-        self._overflowing = False
-
-    def stored(
-        self, hashes: Sequence[VllmHash], parent: VllmHash | None,
-        token_ids: Sequence[int], block_size: int, extra_keys: Sequence[Any] | None = None,
-    ) -> None:
-        if parent is None:
-            state = _Node(None, array.array("I"), (), tenant_salt(self._salt,
-                                                                  _cache_salt(extra_keys)))
-        elif (found := self._nodes.get(parent)) is not None:
-            self._nodes.move_to_end(parent)
-            state = found
-        else:
-            self.skipped_blocks += len(hashes)
-            return
-        new: list[int] = []
-        for i, h in enumerate(hashes):
-            tokens = token_ids[i * block_size : (i + 1) * block_size]
-            if len(tokens) != block_size:
-                break
-            state = self._extend(state, h, tokens, new)
-        if new:
-            self._emit(BlockStored(self._model, self._replica, tuple(new)))
-        while len(self._nodes) > self.max_blocks:  # LRU bound, after linking
-            _, dropped = self._nodes.popitem(last=False)
-            if dropped.links:
-                self._emit(BlockRemoved(self._model, self._replica, tuple(dropped.links)))
-
-    def _extend(
-        self, prev: _Node, h: VllmHash, tokens: Sequence[int], new: list[int]
-    ) -> _Node:
-        pending = prev.pending + array.array("I", tokens)
-        full = len(pending) // self._size
-        canon = block_hashes(pending, self._size, prev.salt, prev.canon_parent) if full else []
-        if canon:
-            parent, pending = canon[-1], pending[full * self._size :]
-            holders: tuple[VllmHash, ...] = (h,) if pending else ()
-        else:
-            parent, holders = prev.canon_parent, (*prev.holders, h)
-        node = self._nodes.get(h)
-        if node is None:
-            node = self._nodes[h] = _Node(parent, pending, holders, prev.salt)
-        else:
-            node.refs += 1
-            self._nodes.move_to_end(h)
-        if canon:
-            for older in prev.holders:  # earlier tokens only reach the first canonical block
-                self._link(older, canon[:1])
-            self._link(h, canon)
-            new.extend(canon)
-        return node
-
-    def _link(self, h: VllmHash, canon: list[int]) -> None:
-        if (node := self._nodes.get(h)) is None:
-            return
-        for c in canon:
-            if c not in node.links:
-                node.links.append(c)
-        del node.links[:-_MAX_LINKS]
-
-    def removed(self, hashes: Sequence[VllmHash]) -> None:
-        gone: dict[int, None] = {}
-        for h in hashes:
-            node = self._nodes.get(h)
-            if node is None:
-                continue
-            node.refs -= 1
-            if node.refs <= 0:
-                del self._nodes[h]
-                gone.update(dict.fromkeys(node.links))
-        if gone:
-            self._emit(BlockRemoved(self._model, self._replica, tuple(gone)))
-
-    def cleared(self) -> None:
-        self._nodes.clear()
-        self._emit(AllBlocksCleared(self._model, self._replica))
-
-    def drain(self) -> list[CacheEvent]:
-        out = list(self._events)
-        self._events.clear()
-        self._overflowing = False
-        return out
-
-    def _emit(self, event: CacheEvent) -> None:
-        if len(self._events) == self._events.maxlen and not self._overflowing:
-            self._overflowing = True
-            log.warning("vllm cache events not drained: dropping the oldest")
-        self._events.append(event)
 
 
 def _ipc_endpoint() -> str:
@@ -249,7 +125,7 @@ class VllmEngine:
     ) -> None:
         self._path, self._name, self._replica = model_path, model_name, replica_id
         self._kwargs = dict(engine_kwargs or {})
-        self.mapper = BlockMapper(model_name, replica_id, block_size)
+        self.mapper = TieredMapper(model_name, replica_id, block_size)
         self._endpoint = _ipc_endpoint()
         self._topic = f"kvroute/{replica_id}"
         self._llm: Any = None
@@ -285,7 +161,7 @@ class VllmEngine:
             self._close_subscriber()
             raise EngineError(f"vllm {vllm.__version__} failed to start: {e}") from e
         blocks = self._llm.vllm_config.cache_config.num_gpu_blocks or 0
-        self.mapper.max_blocks = max(2 * int(blocks) + 1024, self.mapper.max_blocks)
+        self.mapper.set_max_blocks(2 * int(blocks) + 1024)
         self._sub_task = asyncio.create_task(self._subscribe(), name="kvroute-vllm-events")
 
     def _open_subscriber(self) -> None:
@@ -328,18 +204,7 @@ class VllmEngine:
                 log.exception("vllm kv event batch %d not applied", seq)
 
     def _apply(self, event: Any) -> None:
-        kind = type(event).__name__
-        if kind == "AllBlocksCleared":
-            self.mapper.cleared()
-        elif event.medium not in (None, "GPU") or event.group_idx not in (None, 0):
-            return
-        elif kind == "BlockRemoved":
-            self.mapper.removed(event.block_hashes)
-        elif kind == "BlockStored" and event.lora_id is None and event.lora_name is None:
-            self.mapper.stored(
-                event.block_hashes, event.parent_block_hash, event.token_ids, event.block_size,
-                getattr(event, "extra_keys", None),
-            )
+        self.mapper.apply(event)  # every medium, to its tier (workers.vllm_tiers)
 
     def _sampling(self, request: GenerateRequest) -> Any:
         from vllm import SamplingParams

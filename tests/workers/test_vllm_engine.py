@@ -29,7 +29,8 @@ from workers.protocol import (
     SamplingParams,
     TokenChunk,
 )
-from workers.vllm_engine import BlockMapper, VllmEngine
+from workers.vllm_blocks import BlockMapper
+from workers.vllm_engine import VllmEngine
 
 MODEL = "tiny-llama-v1"
 SALT = model_salt(MODEL)
