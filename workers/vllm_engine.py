@@ -204,7 +204,7 @@ class VllmEngine:
                 log.exception("vllm kv event batch %d not applied", seq)
 
     def _apply(self, event: Any) -> None:
-        self.mapper.apply(event)  # every medium, to its tier (workers.vllm_tiers)
+        self.mapper.apply(event)  # every medium, to its tier (workers.vllm_blocks)
 
     def _sampling(self, request: GenerateRequest) -> Any:
         from vllm import SamplingParams
