@@ -29,7 +29,7 @@ TEXT = st.text(st.characters(codec="utf-8"), max_size=40) | st.sampled_from(
 IDS = st.text(st.characters(min_codepoint=33, max_codepoint=0x2FF), min_size=1, max_size=30)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(text=TEXT, rid=IDS, model=IDS, chat=st.booleans())
 def test_openai_text_chunk_matches_the_dict_chunk(text: str, rid: str, model: str,
                                                   chat: bool) -> None:
@@ -48,14 +48,14 @@ def test_openai_encoder_without_a_template_still_encodes() -> None:
                                                   enc.created))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(text=TEXT, index=st.integers(0, 1000), kind=st.sampled_from(["text", "thinking"]))
 def test_anthropic_block_delta_template(text: str, index: int, kind: str) -> None:
     head, tail = aa.block_delta_template(index, kind)
     assert head + json.dumps(text).encode() + tail == aa.block_delta(index, kind, text)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(text=TEXT, seq=st.integers(0, 10**6), item=IDS, index=st.integers(0, 50),
        kind=st.sampled_from(["message", "reasoning"]))
 def test_responses_delta_template(text: str, seq: int, item: str, index: int,
