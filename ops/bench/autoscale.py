@@ -47,9 +47,9 @@ class AutoscaleSpec:
     policy: str = "kvroute"  # or serve-default
     duration_s: float = 180.0
     trace: str = DEFAULT_TRACE
-    trace_start_s: float = 0.0
+    trace_start_s: float = 170.0  # the trace's first bursts
     speedup: float = 2.0  # trace seconds per bench second
-    sample: float = 0.3  # share of trace arrivals sent
+    sample: float = 0.2  # share of trace arrivals sent
     sessions: int = 8  # agent sessions interleaved
     ttft_target_s: float = 2.0
     min_replicas: int = 1
@@ -61,11 +61,13 @@ class AutoscaleSpec:
     look_back_period_s: float = 5.0
     startup_s: float = 5.0
     sim: dict[str, float] = field(default_factory=lambda: {
-        "prefill_tok_s": 4000.0, "tpot_s": 0.02, "tpot_per_batch_s": 0.0002,
+        "prefill_tok_s": 16000.0, "tpot_s": 0.02, "tpot_per_batch_s": 0.0002,
         "kv_blocks": 2048})
     seed: int = 0
     port: int = 0
-    agent: AgentParams = field(default_factory=AgentParams)
+    # conversations compacted at 16k tokens: the router's tokenizing stays small beside the
+    # replicas' prefill on a shared 2-core machine
+    agent: AgentParams = field(default_factory=lambda: AgentParams(compact_tokens=16000))
 
 
 def arrivals(spec: AutoscaleSpec) -> list[float]:

@@ -11,7 +11,10 @@ measured, with what stopping the replica of least exclusive cache would have los
 from __future__ import annotations
 
 import asyncio
+import itertools
+import math
 import time
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -23,11 +26,25 @@ from cache_service import RedisPrefixIndex
 @dataclass(frozen=True, slots=True)
 class ScaleDown:
     t: float  # seconds from the start of the load
-    replica: str
-    held_blocks: int  # what it held in the index just before it went
-    exclusive_blocks: int  # of those, held by no replica that stayed
-    least_exclusive_blocks: int  # the smallest exclusive holding among the replicas then
+    replicas: tuple[str, ...]  # the replicas that went at once
+    held_blocks: int  # what they held in the index just before they went
+    lost_blocks: int  # of those, held by no replica that stayed
+    least_lost_blocks: int  # had the same number gone, chosen to lose the least
     fleet_blocks: int  # distinct blocks the fleet held then
+
+
+def lost(held: dict[str, set[int]], gone: Collection[str]) -> int:
+    """Blocks that only replicas in ``gone`` held."""
+    kept = set().union(*(b for r, b in held.items() if r not in gone))
+    return len(set().union(*(held[r] for r in gone)) - kept)
+
+
+def least_lost(held: dict[str, set[int]], k: int, max_sets: int = 5000) -> int:
+    """The fewest blocks ``k`` stopped replicas could have lost (all choices up to
+    ``max_sets``; beyond, the ``k`` of least exclusive holdings)."""
+    if math.comb(len(held), k) <= max_sets:
+        return min(lost(held, c) for c in itertools.combinations(held, k))
+    return lost(held, sorted(held, key=lambda r: lost(held, (r,)))[:k])
 
 
 def _count_replicas(states: dict[str, int]) -> tuple[int, int]:
@@ -103,18 +120,11 @@ class Watch:
 
     def _record(self, gone: set[str]) -> None:
         """Replicas that left since the last tick, against the holdings seen then."""
-        t = time.monotonic() - self.t0
         held = self._holdings
-        fleet = set().union(*held.values())
-
-        def exclusive(rid: str) -> int:
-            others = set().union(*(b for r, b in held.items() if r != rid))
-            return len(held[rid] - others)
-
-        least = min(exclusive(r) for r in held)
-        for rid in sorted(gone):
-            self.scale_downs.append(ScaleDown(t, rid, len(held[rid]), exclusive(rid), least,
-                                              len(fleet)))
+        self.scale_downs.append(ScaleDown(
+            time.monotonic() - self.t0, tuple(sorted(gone)),
+            len(set().union(*(held[r] for r in gone))), lost(held, gone),
+            least_lost(held, len(gone)), len(set().union(*held.values()))))
 
     def replica_seconds(self, until_s: float) -> float:
         """Replicas running or starting, integrated over [0, until_s]."""
@@ -127,7 +137,6 @@ class Watch:
         return {
             "replicas_over_time": [[round(t, 2), r, n] for t, r, n in self.replicas],
             "scale_downs": [asdict(s) for s in self.scale_downs],
-            "scale_down_exclusive_blocks": sum(s.exclusive_blocks for s in self.scale_downs),
-            "scale_down_least_exclusive_blocks":
-                sum(s.least_exclusive_blocks for s in self.scale_downs),
+            "scale_down_lost_blocks": sum(s.lost_blocks for s in self.scale_downs),
+            "scale_down_least_lost_blocks": sum(s.least_lost_blocks for s in self.scale_downs),
         }

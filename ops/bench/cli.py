@@ -155,7 +155,8 @@ def cmd_autoscale(args: argparse.Namespace) -> int:
         sessions=args.sessions, ttft_target_s=args.ttft_target,
         min_replicas=args.min_replicas, max_replicas=args.max_replicas,
         target_ongoing_requests=args.target_ongoing, upscale_delay_s=args.upscale_delay,
-        downscale_delay_s=args.downscale_delay, seed=args.seed, agent=_agent_params(args),
+        downscale_delay_s=args.downscale_delay, seed=args.seed,
+        agent=agent_overrides(args, d.agent),
         sim={**d.sim, "prefill_tok_s": args.prefill_tok_s})
     bench, _ = autoscale.run_autoscale(spec, show=not args.quiet)
     bench["command"] = "kvroute bench " + shlex.join(sys.argv[sys.argv.index("autoscale"):]) \
@@ -260,14 +261,19 @@ def _routers() -> tuple[str, ...]:
 def _agent_params(args: argparse.Namespace) -> Any:
     from ops.bench.workloads import AgentParams
 
-    types = {f.name: f.type for f in fields(AgentParams)}
+    return agent_overrides(args, AgentParams())
+
+
+def agent_overrides(args: argparse.Namespace, base: Any) -> Any:
+    """``base`` (an ``AgentParams``) with ``--seed`` and the ``--agent KEY=VALUE`` overrides."""
+    types = {f.name: f.type for f in fields(base)}
     upd: dict[str, Any] = {"seed": args.seed}
     for item in args.agent:
         key, _, value = item.partition("=")
         if key not in types:
             raise SystemExit(f"--agent {key}: unknown; known: {sorted(types)}")
         upd[key] = float(value) if types[key] == "float" else int(value)
-    return replace(AgentParams(), **upd)
+    return replace(base, **upd)
 
 
 def _spec(args: argparse.Namespace, concurrency: int | None) -> Any:

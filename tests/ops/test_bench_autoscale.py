@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ops.bench.autoscale import AutoscaleSpec, agent_calls, arrivals, build_config, slo_attainment
-from ops.bench.autoscale_watch import ScaleDown, Watch
+from ops.bench.autoscale_watch import ScaleDown, Watch, least_lost
 from ops.bench.client import Record
 from ops.bench.workloads import AgentParams, AgentWorkload
 
@@ -53,19 +53,22 @@ def test_replica_seconds_integrate_the_samples() -> None:
     assert w.replica_seconds(40.0) == pytest.approx(10 + 30 + 30 + 10)
 
 
-def test_scale_down_cost_counts_blocks_only_the_stopped_replica_held() -> None:
+def test_scale_down_cost_counts_blocks_only_the_stopped_replicas_held() -> None:
     w = Watch("http://x", "m", "app", index=None)  # type: ignore[arg-type]
-    w._holdings = {"a": {1, 2, 3, 4}, "b": {1, 2, 9}, "c": {1, 2, 3}}
+    w._holdings = {"a": {1, 2, 3, 4}, "b": {1, 2, 9}, "c": {1, 2, 3}, "d": {5, 6, 7}}
     w._record({"b"})
-    (down,) = w.scale_downs
-    assert isinstance(down, ScaleDown) and down.replica == "b"
-    # b alone held 9; a alone holds 4; c holds nothing alone: Serve's pick lost 1 block,
-    # the least-used choice would have lost 0
-    assert (down.held_blocks, down.exclusive_blocks, down.least_exclusive_blocks,
-            down.fleet_blocks) == (3, 1, 0, 5)
+    # b alone held 9; c holds nothing alone: Serve's pick lost 1 block, c would lose 0
+    assert w.scale_downs[-1] == ScaleDown(w.scale_downs[-1].t, ("b",), 3, 1, 0, 8)
+    w._record({"a", "d"})
+    # a and d alone held 4, 5, 6, 7 (3 is also c's); the cheapest pair is b and c: 9
+    down = w.scale_downs[-1]
+    assert (down.replicas, down.held_blocks, down.lost_blocks, down.least_lost_blocks) == (
+        ("a", "d"), 7, 4, 1)
     summary = w.summary()
-    assert summary["scale_down_exclusive_blocks"] == 1
-    assert summary["scale_down_least_exclusive_blocks"] == 0
+    assert summary["scale_down_lost_blocks"] == 5
+    assert summary["scale_down_least_lost_blocks"] == 1
+    held = {f"r{i}": {i} for i in range(20)}  # too many pairs to try: the greedy choice
+    assert least_lost(held, 10, max_sets=10) == 10
 
 
 def test_config_selects_the_policy_under_test() -> None:
