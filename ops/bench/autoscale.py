@@ -115,7 +115,7 @@ def driver(times: list[float], calls: Iterator[BenchRequest]
     return drive
 
 
-def build_config(spec: AutoscaleSpec, model_path: str, redis_url: str) -> Any:
+def build_config(spec: AutoscaleSpec, model_path: str, redis_url: str, port: int) -> Any:
     from deploy.config import (
         AutoscalingConfig,
         IndexConfig,
@@ -134,10 +134,8 @@ def build_config(spec: AutoscaleSpec, model_path: str, redis_url: str) -> Any:
     model = ModelConfig(name=MODEL, engine="sim", model_path=model_path, num_replicas=None,
                         autoscaling=scaling, num_cpus=0.1, engine_kwargs=kwargs,
                         context_window=131072, max_ongoing_requests=64)
-    from ops.bench.compare import free_port
-
     return KvrouteConfig(models=[model], index=IndexConfig(redis_url=redis_url),
-                         server=ServerConfig(host="127.0.0.1", port=spec.port or free_port()))
+                         server=ServerConfig(host="127.0.0.1", port=port))
 
 
 @contextlib.contextmanager
@@ -194,31 +192,76 @@ async def _measure(spec: AutoscaleSpec, url: str, redis_url: str,
                      **watch.summary()}
 
 
-def run_autoscale(spec: AutoscaleSpec, show: bool = True) -> tuple[dict[str, Any], list[Record]]:
+def _start_ray(num_cpus: int, tries: int = 3) -> None:
+    """A local Ray; retried, since a raylet on a saturated machine can miss Ray's fixed
+    30 s registration window (a failed start leaves no process behind)."""
+    import ray
+
+    from deploy import runtime
+
+    for attempt in range(tries):
+        try:
+            runtime.init_ray("127.0.0.1", num_cpus=num_cpus)
+            return
+        except Exception:
+            if ray.is_initialized():
+                ray.shutdown()
+            if attempt == tries - 1:
+                raise
+            time.sleep(10)
+
+
+def run_autoscale(specs: list[AutoscaleSpec], show: bool = True,
+                  on_run: Callable[[dict[str, Any]], None] | None = None
+                  ) -> list[dict[str, Any]]:
+    """Each spec in turn on one Ray cluster and one redis-server (a fresh deployment and a
+    flushed index per run); the bench JSON of each, also passed to ``on_run`` as it ends."""
+    import redis
     from ray import serve
 
     from deploy import runtime
+    from ops.bench.compare import free_port
     from ops.tiny_model import ensure_model
 
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     os.environ.setdefault("RAY_SERVE_LOG_TO_STDERR", "0")
+    port = specs[0].port or free_port()  # Serve's proxy keeps its first port
+    out = []
     with redis_server() as redis_url:
-        runtime.init_ray("127.0.0.1", num_cpus=spec.max_replicas + 3)
+        _start_ray(max(s.max_replicas for s in specs) + 3)
         try:
-            url = runtime.deploy(build_config(spec, str(ensure_model()), redis_url))
-            runtime.wait_healthy(url, timeout_s=300)
-            records, watched = asyncio.run(_measure(spec, url, redis_url, show))
+            for spec in specs:
+                redis.Redis.from_url(redis_url).flushall()
+                url = runtime.deploy(build_config(spec, str(ensure_model()), redis_url, port))
+                try:
+                    runtime.wait_healthy(url, timeout_s=300)
+                    records, watched = asyncio.run(_measure(spec, url, redis_url, show))
+                finally:
+                    serve.delete(runtime.APP_NAME)
+                out.append(_bench(spec, records, watched))
+                if on_run is not None:
+                    on_run(out[-1])
         finally:
-            with contextlib.suppress(Exception):
-                serve.delete(runtime.APP_NAME)
             runtime.shutdown()
+    return out
+
+
+def _bench(spec: AutoscaleSpec, records: list[Record], watched: dict[str, Any]
+           ) -> dict[str, Any]:
     params = {k: v for k, v in asdict(spec).items() if k != "agent"}
     params["agent"] = spec.agent.to_dict()
-    bench = bench_json(records, workload="agent@azure-code", policy=spec.policy,
+    bench = bench_json(records, workload="agent@azure-code", policy=label(spec),
                        replicas=spec.max_replicas, params=params)
     bench.update(watched, slo_attainment=slo_attainment(records, spec.ttft_target_s),
                  ttft_target_s=spec.ttft_target_s,
                  peak_replicas=max((n for _, _, n in watched["replicas_over_time"]), default=0),
                  ttft_over_time=[[round(r.start_s, 2), r.ttft_s if r.ok else None]
                                  for r in records])
-    return bench, records
+    return bench
+
+
+def label(spec: AutoscaleSpec) -> str:
+    """``kvroute``, or ``serve-default@T`` with its target_ongoing_requests."""
+    if spec.policy == "kvroute":
+        return "kvroute"
+    return f"{spec.policy}@{spec.target_ongoing_requests:g}"

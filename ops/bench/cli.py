@@ -23,7 +23,7 @@ import json
 import os
 import shlex
 import sys
-from dataclasses import asdict, fields, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -110,74 +110,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _autoscale_parser(modes: argparse._SubParsersAction) -> None:
-    from ops.bench import autoscale
+    from ops.bench import autoscale, autoscale_cli
 
     a = modes.add_parser("autoscale", help="bursty load on an autoscaled model: kvroute's "
                          "policy or Serve's default (ops.bench.autoscale)",
                          description=autoscale.__doc__,
                          formatter_class=argparse.RawDescriptionHelpFormatter)
-    d = autoscale.AutoscaleSpec()
-    a.add_argument("--engine", choices=["sim"], default="sim")
-    a.add_argument("--policy", choices=["kvroute", "serve-default"], default=d.policy)
-    a.add_argument("--duration", type=float, default=d.duration_s, help="seconds of load")
-    a.add_argument("--trace", default=d.trace, help="the Azure LLM inference trace CSV")
-    a.add_argument("--trace-start", type=float, default=d.trace_start_s,
-                   help="skip the trace's first S seconds")
-    a.add_argument("--speedup", type=float, default=d.speedup, help="trace seconds / S")
-    a.add_argument("--sample", type=float, default=d.sample, help="share of arrivals sent")
-    a.add_argument("--sessions", type=int, default=d.sessions, help="agent sessions at once")
-    a.add_argument("--ttft-target", type=float, default=d.ttft_target_s)
-    a.add_argument("--min-replicas", type=int, default=d.min_replicas)
-    a.add_argument("--max-replicas", type=int, default=d.max_replicas)
-    a.add_argument("--target-ongoing", type=float, default=d.target_ongoing_requests,
-                   help="serve-default: ongoing requests per replica it aims for")
-    a.add_argument("--upscale-delay", type=float, default=d.upscale_delay_s)
-    a.add_argument("--downscale-delay", type=float, default=d.downscale_delay_s)
-    a.add_argument("--prefill-tok-s", type=float, default=d.sim["prefill_tok_s"])
-    a.add_argument("--seed", type=int, default=d.seed)
-    a.add_argument("--agent", action="append", default=[], metavar="KEY=VALUE",
-                   help="override an AgentParams field (ops.bench.workloads), repeatable")
-    a.add_argument("--out", type=Path, help="write the JSON here")
-    a.add_argument("--plot", type=Path, help="write the replicas/TTFT-over-time PNG here")
-    a.add_argument("--with", dest="others", type=Path, nargs="*", default=[],
-                   help="earlier runs' JSON drawn beside this one in --plot")
-    a.add_argument("--quiet", action="store_true")
-    a.set_defaults(func=cmd_autoscale)
-
-
-def cmd_autoscale(args: argparse.Namespace) -> int:
-    from ops.bench import autoscale, report
-
-    d = autoscale.AutoscaleSpec()
-    spec = replace(
-        d, policy=args.policy, duration_s=args.duration, trace=args.trace,
-        trace_start_s=args.trace_start, speedup=args.speedup, sample=args.sample,
-        sessions=args.sessions, ttft_target_s=args.ttft_target,
-        min_replicas=args.min_replicas, max_replicas=args.max_replicas,
-        target_ongoing_requests=args.target_ongoing, upscale_delay_s=args.upscale_delay,
-        downscale_delay_s=args.downscale_delay, seed=args.seed,
-        agent=agent_overrides(args, d.agent),
-        sim={**d.sim, "prefill_tok_s": args.prefill_tok_s})
-    bench, _ = autoscale.run_autoscale(spec, show=not args.quiet)
-    bench["command"] = "kvroute bench " + shlex.join(sys.argv[sys.argv.index("autoscale"):]) \
-        if "autoscale" in sys.argv else "kvroute bench autoscale"
-    report.validate(bench)
-    _console().print(report.rich_table({spec.policy: bench}, title="bench autoscale"))
-    print(f"replica-seconds {bench['replica_seconds']:.0f}  SLO attainment "
-          f"{100 * bench['slo_attainment']:.1f}% (TTFT <= {spec.ttft_target_s:g} s)  "
-          f"peak {bench['peak_replicas']} replicas  scale-downs lost "
-          f"{bench['scale_down_exclusive_blocks']} exclusive blocks "
-          f"(least-used choice: {bench['scale_down_least_exclusive_blocks']})")
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(bench, indent=2) + "\n")
-    if args.plot:
-        runs = {spec.policy: bench}
-        for other in args.others:
-            b = json.loads(other.read_text())
-            runs[f"{b['policy']} ({other.stem})"] = b
-        report.plot_autoscale(runs, args.plot)
-    return 0 if bench["errors"] == 0 else 1
+    autoscale_cli.add_arguments(a)
+    a.set_defaults(func=autoscale_cli.run)
 
 
 def _engines_parser(modes: argparse._SubParsersAction) -> None:
@@ -259,21 +199,9 @@ def _routers() -> tuple[str, ...]:
 
 
 def _agent_params(args: argparse.Namespace) -> Any:
-    from ops.bench.workloads import AgentParams
+    from ops.bench.workloads import AgentParams, override_params
 
-    return agent_overrides(args, AgentParams())
-
-
-def agent_overrides(args: argparse.Namespace, base: Any) -> Any:
-    """``base`` (an ``AgentParams``) with ``--seed`` and the ``--agent KEY=VALUE`` overrides."""
-    types = {f.name: f.type for f in fields(base)}
-    upd: dict[str, Any] = {"seed": args.seed}
-    for item in args.agent:
-        key, _, value = item.partition("=")
-        if key not in types:
-            raise SystemExit(f"--agent {key}: unknown; known: {sorted(types)}")
-        upd[key] = float(value) if types[key] == "float" else int(value)
-    return replace(base, **upd)
+    return override_params(AgentParams(), args.seed, args.agent)
 
 
 def _spec(args: argparse.Namespace, concurrency: int | None) -> Any:

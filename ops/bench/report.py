@@ -273,6 +273,21 @@ def plot_cpu(benches: Mapping[str, Mapping[str, Any]], path: str | Path, title: 
     return _save(fig, plt, path)
 
 
+def markdown_autoscale(runs: Mapping[str, Mapping[str, Any]]) -> str:
+    """``bench autoscale`` runs as one markdown table."""
+    lines = ["| run | requests | errors | TTFT p50 | p90 | p99 (s) | within target | "
+             "replica-s | peak | cache lost at scale-down (least possible), blocks |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, b in runs.items():
+        t = b["ttft_s"]
+        lines.append(
+            f"| {name} | {b['requests']} | {b['errors']} | {t['p50']:.2f} | {t['p90']:.2f} | "
+            f"{t['p99']:.2f} | {100 * b['slo_attainment']:.1f}% | {b['replica_seconds']:.0f} | "
+            f"{b['peak_replicas']} | {b['scale_down_lost_blocks']} "
+            f"({b['scale_down_least_lost_blocks']}) |")
+    return "\n".join(lines) + "\n"
+
+
 def plot_autoscale(runs: Mapping[str, Mapping[str, Any]], path: str | Path) -> Path:
     """``bench autoscale`` runs side by side: replicas (running or starting) over time above,
     each request's TTFT at its send time below, with the target."""

@@ -37,7 +37,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +121,18 @@ class AgentParams:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def override_params(base: AgentParams, seed: int, items: list[str]) -> AgentParams:
+    """``base`` with ``seed`` and ``KEY=VALUE`` overrides (``--agent`` options)."""
+    types = {f.name: f.type for f in fields(base)}
+    upd: dict[str, Any] = {"seed": seed}
+    for item in items:
+        key, _, value = item.partition("=")
+        if key not in types:
+            raise SystemExit(f"--agent {key}: unknown; known: {sorted(types)}")
+        upd[key] = float(value) if types[key] == "float" else int(value)
+    return replace(base, **upd)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from ops.bench.autoscale import AutoscaleSpec, agent_calls, arrivals, build_config, slo_attainment
+from ops.bench.autoscale import (
+    AutoscaleSpec,
+    agent_calls,
+    arrivals,
+    build_config,
+    label,
+    slo_attainment,
+)
 from ops.bench.autoscale_watch import ScaleDown, Watch, least_lost
 from ops.bench.client import Record
 from ops.bench.workloads import AgentParams, AgentWorkload
@@ -74,7 +81,9 @@ def test_scale_down_cost_counts_blocks_only_the_stopped_replicas_held() -> None:
 
 def test_config_selects_the_policy_under_test() -> None:
     for policy in ("kvroute", "serve-default"):
-        cfg = build_config(AutoscaleSpec(policy=policy), "/m", "redis://127.0.0.1:1/0")
+        cfg = build_config(AutoscaleSpec(policy=policy), "/m", "redis://127.0.0.1:1/0", 8123)
+        assert label(AutoscaleSpec(policy=policy, target_ongoing_requests=4.0)) in (
+            "kvroute", "serve-default@4")
         (model,) = cfg.models
         assert model.autoscaling.policy == policy and model.num_replicas is None
-        assert cfg.index.redis_url and cfg.server.port > 0
+        assert cfg.index.redis_url and cfg.server.port == 8123

@@ -1,0 +1,91 @@
+"""``kvroute bench autoscale``'s options and command (the run: ``ops.bench.autoscale``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ops.bench import autoscale, report
+from ops.bench.workloads import override_params
+
+
+def add_arguments(a: argparse.ArgumentParser) -> None:
+    d = autoscale.AutoscaleSpec()
+    a.add_argument("--engine", choices=["sim"], default="sim")
+    a.add_argument("--policy", default=d.policy, help="kvroute or serve-default; a comma "
+                   "list runs each in turn on one cluster (--out F writes F-<run>.json)")
+    a.add_argument("--duration", type=float, default=d.duration_s, help="seconds of load")
+    a.add_argument("--trace", default=d.trace, help="the Azure LLM inference trace CSV")
+    a.add_argument("--trace-start", type=float, default=d.trace_start_s,
+                   help="skip the trace's first S seconds")
+    a.add_argument("--speedup", type=float, default=d.speedup, help="trace seconds / S")
+    a.add_argument("--sample", type=float, default=d.sample, help="share of arrivals sent")
+    a.add_argument("--sessions", type=int, default=d.sessions, help="agent sessions at once")
+    a.add_argument("--ttft-target", type=float, default=d.ttft_target_s)
+    a.add_argument("--min-replicas", type=int, default=d.min_replicas)
+    a.add_argument("--max-replicas", type=int, default=d.max_replicas)
+    a.add_argument("--target-ongoing", default=f"{d.target_ongoing_requests:g}",
+                   help="serve-default: ongoing requests per replica it aims for (a comma "
+                   "list: one run each)")
+    a.add_argument("--upscale-delay", type=float, default=d.upscale_delay_s)
+    a.add_argument("--downscale-delay", type=float, default=d.downscale_delay_s)
+    a.add_argument("--prefill-tok-s", type=float, default=d.sim["prefill_tok_s"])
+    a.add_argument("--seed", type=int, default=d.seed)
+    a.add_argument("--agent", action="append", default=[], metavar="KEY=VALUE",
+                   help="override an AgentParams field (ops.bench.workloads), repeatable")
+    a.add_argument("--out", type=Path, help="write the JSON here")
+    a.add_argument("--plot", type=Path, help="write the replicas/TTFT-over-time PNG here")
+    a.add_argument("--with", dest="others", type=Path, nargs="*", default=[],
+                   help="earlier runs' JSON drawn beside this one in --plot and --markdown")
+    a.add_argument("--markdown", type=Path, help="write the runs' table here")
+    a.add_argument("--quiet", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    d = autoscale.AutoscaleSpec()
+    base = replace(
+        d, duration_s=args.duration, trace=args.trace, trace_start_s=args.trace_start,
+        speedup=args.speedup, sample=args.sample, sessions=args.sessions,
+        ttft_target_s=args.ttft_target, min_replicas=args.min_replicas,
+        max_replicas=args.max_replicas, upscale_delay_s=args.upscale_delay,
+        downscale_delay_s=args.downscale_delay, seed=args.seed,
+        agent=override_params(d.agent, args.seed, args.agent),
+        sim={**d.sim, "prefill_tok_s": args.prefill_tok_s})
+    specs = [replace(base, policy=p, target_ongoing_requests=float(t))
+             for p in args.policy.split(",")
+             for t in (args.target_ongoing.split(",") if p == "serve-default" else ["2"])]
+    if bad := {s.policy for s in specs} - {"kvroute", "serve-default"}:
+        raise SystemExit(f"--policy: unknown {sorted(bad)}")
+    command = "kvroute bench " + shlex.join(sys.argv[sys.argv.index("autoscale"):]) \
+        if "autoscale" in sys.argv else "kvroute bench autoscale"
+
+    def write(bench: dict[str, Any]) -> None:  # as each run ends
+        bench["command"] = command
+        report.validate(bench)
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            path = args.out if len(specs) == 1 else \
+                args.out.with_name(f"{args.out.stem}-{bench['policy']}{args.out.suffix}")
+            path.write_text(json.dumps(bench, indent=2) + "\n")
+
+    benches = autoscale.run_autoscale(specs, show=not args.quiet, on_run=write)
+    runs = {b["policy"]: b for b in benches}
+    print(report.markdown_autoscale(runs))
+    for name, b in runs.items():
+        print(f"{name}: replica-seconds {b['replica_seconds']:.0f}  SLO attainment "
+              f"{100 * b['slo_attainment']:.1f}% (TTFT <= {b['ttft_target_s']:g} s)  peak "
+              f"{b['peak_replicas']} replicas  scale-downs lost {b['scale_down_lost_blocks']} "
+              f"cached blocks (stopping the least-used: {b['scale_down_least_lost_blocks']})")
+    for other in args.others:
+        b = json.loads(other.read_text())
+        runs.setdefault(b["policy"], b)
+    if args.plot:
+        report.plot_autoscale(runs, args.plot)
+    if args.markdown:
+        args.markdown.write_text(report.markdown_autoscale(runs))
+    return 0 if all(b["errors"] == 0 for b in benches) else 1
