@@ -49,7 +49,7 @@ class AutoscaleSpec:
     trace: str = DEFAULT_TRACE
     trace_start_s: float = 170.0  # the trace's first bursts
     speedup: float = 2.0  # trace seconds per bench second
-    sample: float = 0.2  # share of trace arrivals sent
+    sample: float = 0.15  # share of trace arrivals sent
     sessions: int = 8  # agent sessions interleaved
     ttft_target_s: float = 2.0
     min_replicas: int = 1
@@ -61,13 +61,15 @@ class AutoscaleSpec:
     look_back_period_s: float = 5.0
     startup_s: float = 5.0
     sim: dict[str, float] = field(default_factory=lambda: {
-        "prefill_tok_s": 16000.0, "tpot_s": 0.02, "tpot_per_batch_s": 0.0002,
+        "prefill_tok_s": 2000.0, "tpot_s": 0.02, "tpot_per_batch_s": 0.0002,
         "kv_blocks": 2048})
     seed: int = 0
     port: int = 0
-    # conversations compacted at 16k tokens: the router's tokenizing stays small beside the
-    # replicas' prefill on a shared 2-core machine
-    agent: AgentParams = field(default_factory=lambda: AgentParams(compact_tokens=16000))
+    # short agent prompts on a slow emulated prefill: the replicas' prefill, not the router's
+    # tokenizing on a shared 2-core machine, sets the TTFT
+    agent: AgentParams = field(default_factory=lambda: AgentParams(
+        system_tokens=1000, tools=4, repo_tokens=500, tool_result_tokens=600,
+        compact_tokens=6000))
 
 
 def arrivals(spec: AutoscaleSpec) -> list[float]:
