@@ -22,7 +22,10 @@ second; the workers report their backlog in seconds, so prefill rates never ente
   before a new one could help does not start one.
 
 The answer is the smallest ``n`` meeting both, within the capacity-adjusted bounds; and it
-never goes below the current target while any replica's backlog is above ``T``.
+never goes below the current target while any replica's backlog is above ``T``. A tick
+with no replica's stats in Serve's window holds the target (read as idle, it reset Serve's
+upscale delay mid-burst in ``bench autoscale``); replicas not reported yet are taken to
+look like those that did.
 """
 
 from __future__ import annotations
@@ -127,10 +130,14 @@ def decide(snap: Snapshot, params: Params, state: State) -> Decision:
     state = learn_startup(snap, state)
     startup_s = state.startup_s if state.startup_s is not None else params.startup_prior_s
     loads = list(snap.loads.values())
-    rate = sum(x.work_rate for x in loads)
-    req_rate = sum(x.request_rate for x in loads)
+    if snap.running and not loads:  # no report in the window: no news is not idleness
+        return Decision(snap.target, state, "no stats from any replica: held")
+    # Replicas without a report yet are taken to look like the ones that reported.
+    scale = len(snap.running) / len(loads) if snap.running else 1.0
+    rate = scale * sum(x.work_rate for x in loads)
+    req_rate = scale * sum(x.request_rate for x in loads)
     work_per_req = rate / req_rate if req_rate > 0 else 0.0
-    backlog = sum(x.backlog_s for x in loads) + snap.queued_requests * work_per_req
+    backlog = scale * sum(x.backlog_s for x in loads) + snap.queued_requests * work_per_req
     target = params.ttft_target_s
     queue_s = max(target - work_per_req, target / 4)
     rho_max = queue_s / (queue_s + work_per_req) if work_per_req > 0 else 1.0

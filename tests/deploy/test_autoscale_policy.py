@@ -77,6 +77,18 @@ def test_queued_requests_count_at_the_mean_work_per_request() -> None:
     assert decide(snap(0.0, work_rate=0.5, request_rate=0.5), PARAMS, State()).replicas == 1
 
 
+def test_missing_stats_hold_instead_of_reading_as_idle() -> None:
+    # Serve's window can hold no report (a replica set change, a late push): that is
+    # no information, not an idle fleet, and must not reset Serve's upscale delay.
+    s = Snapshot(T0, ("r0", "r1", "r2"), 3, 1, 8, {})
+    d = decide(s, PARAMS, seen(s))
+    assert d.replicas == 3 and "held" in d.reason
+    # one of two replicas reported 3 s: the other is taken to hold as much (6 s in all)
+    part = Snapshot(T0, ("r0", "r1"), 2, 1, 8, {"r0": ReplicaLoad(3.0, 0.0, 0.0)})
+    whole = snap(3.0, 3.0)
+    assert decide(part, PARAMS, seen(part)).needed == decide(whole, PARAMS, seen(whole)).needed
+
+
 def test_bounds_clip_the_answer() -> None:
     s = snap(40.0, hi=3)
     assert decide(s, PARAMS, seen(s)).replicas == 3
