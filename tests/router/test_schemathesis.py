@@ -1,6 +1,8 @@
 """Schemathesis against a real stack (API keys on): generated requests on every API never get a 5xx.
 
-Real Ray Serve, one sim-engine replica. The schema is loaded from the live
+Real Ray Serve, one sim-engine replica and one mlx replica of the tiny model (CPU MLX:
+engine-dependent failures, such as a seed the engine refuses, only show on a real
+engine). The schema is loaded from the live
 ``/openapi.json`` (``router.openapi.kvroute_openapi``: request bodies from the
 pydantic models, error responses in each API's shape). Schemathesis generates
 valid and invalid bodies for every operation (one hypothesis run per operation
@@ -16,7 +18,10 @@ at a 404. Checks:
 Not checked: ``positive_data_acceptance`` (a valid body may still be a 404 for an
 unknown model or a 413 for the context) and ``negative_data_rejection`` (pydantic's
 lax mode accepts ``"3"`` for an integer, as OpenAI-compatible servers commonly do).
-Budget: ``KVROUTE_SCHEMATHESIS_EXAMPLES`` (default 50) examples per operation.
+Budget: ``KVROUTE_SCHEMATHESIS_EXAMPLES`` (default 50) examples per operation on the sim
+model; ``KVROUTE_SCHEMATHESIS_MLX_EXAMPLES`` (default 6) valid bodies per POST operation on
+the mlx model, each naming it, with ``max_tokens`` capped at 8 so a case costs one short
+generation.
 """
 
 from __future__ import annotations
@@ -40,16 +45,18 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from deploy.auth_config import ApiKeyConfig, AuthConfig
-from deploy.config import IndexConfig
+from deploy.config import IndexConfig, ModelConfig
 from router.auth import hash_key
 from tests.stacks import deployed, sim_model, stack_config
 
 pytestmark = pytest.mark.slow
-MODEL = "sim-model"
+MODEL, MLX = "sim-model", "mlx-model"
 # Keys on, as production runs (review: the suite ran open): every case carries one.
 KEY = "sk-kvr-schemathesis-key"
 AUTH = {"authorization": f"Bearer {KEY}"}
 EXAMPLES = int(os.environ.get("KVROUTE_SCHEMATHESIS_EXAMPLES", "50"))
+MLX_EXAMPLES = int(os.environ.get("KVROUTE_SCHEMATHESIS_MLX_EXAMPLES", "6"))
+LENGTH_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 POSTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
          "/v1/messages/count_tokens")
 GETS = ("/v1/models", "/health", "/metrics", "/kvroute/replicas")
@@ -60,9 +67,11 @@ OPERATIONS = [*(("POST", p) for p in POSTS), *(("GET", p) for p in GETS)]
 def url(ray_local: None, tiny_model_dir: Path, serve_port: int) -> Iterator[str]:
     model = sim_model(MODEL, tiny_model_dir, context_window=2048, default_max_tokens=8,
                       max_queued_requests=256, tpot_s=0.0002, prefill_tok_s=1e6)
+    mlx = ModelConfig(name=MLX, engine="mlx", model_path=str(tiny_model_dir), num_replicas=1,
+                      num_cpus=0.5, context_window=2048, default_max_tokens=8)
     auth = AuthConfig(api_keys=[ApiKeyConfig(name="schemathesis", key_sha256=hash_key(KEY))])
-    with deployed(stack_config(serve_port, model, index=IndexConfig(redis_url=None),
-                               auth=auth)) as base:
+    with deployed(stack_config(serve_port, model, mlx, index=IndexConfig(redis_url=None),
+                               auth=auth), timeout_s=300) as base:
         yield base
 
 
@@ -104,19 +113,34 @@ CASES = [pytest.param(m, p, mode, id=f"{m} {p} {mode}") for m, p in OPERATIONS
 @pytest.mark.parametrize(("method", "path", "mode"), CASES)
 def test_api_never_answers_5xx(api_schema: Any, method: str, path: str, mode: str) -> None:
     """Generated requests (valid, or invalid for ``negative``) never get a 5xx."""
+    fuzz(api_schema, method, path, mode, MODEL, EXAMPLES if method == "POST" else 3)
+
+
+@pytest.mark.parametrize("path", POSTS)
+def test_mlx_engine_never_answers_5xx(api_schema: Any, path: str) -> None:
+    """Valid bodies, every one naming the mlx model: the real engine's input handling."""
+    fuzz(api_schema, "POST", path, "positive", MLX, MLX_EXAMPLES, always=True)
+
+
+def fuzz(api_schema: Any, method: str, path: str, mode: str, model: str, examples: int,
+         always: bool = False) -> None:
+    """``examples`` generated cases of one operation, most (``always``: all) naming
+    ``model``, each checked (``CHECKS``, the error shapes)."""
     operation = api_schema[path][method]
-    examples = EXAMPLES if method == "POST" else 3
     statuses: Counter[int] = Counter()
 
     @given(case=operation.as_strategy(generation_mode=MODES[mode]), named=st.integers(0, 3))
     @settings(max_examples=examples, deadline=None, derandomize=True, database=None,
               suppress_health_check=list(HealthCheck))
     def run(case: Any, named: int) -> None:
-        if named < 3 and isinstance(case.body, dict):  # mostly: reach templating, the engine
-            case.body = {**case.body, "model": MODEL}
-        response = case.call(headers=AUTH, timeout=30)
+        if (always or named < 3) and isinstance(case.body, dict):  # reach the engine
+            case.body = {**case.body, "model": model}
+            if always:  # one short generation per case on a real engine
+                case.body.update({k: min(v, 8) for k, v in case.body.items()
+                                  if k in LENGTH_FIELDS and isinstance(v, int)})
+        response = case.call(headers=AUTH, timeout=60)
         statuses[response.status_code] += 1
         case.validate_response(response, checks=CHECKS, additional_checks=[api_error_shape])
 
     run()
-    print(f"{method} {path} {mode}: statuses {dict(sorted(statuses.items()))}")
+    print(f"{method} {path} {mode} on {model}: statuses {dict(sorted(statuses.items()))}")
