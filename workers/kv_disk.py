@@ -17,6 +17,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,6 +51,8 @@ class DiskTier(Generic[KV]):
         self.entries: OrderedDict[Key, DiskEntry] = OrderedDict()
         self.nbytes = 0
         self._names = itertools.count()
+        self.read_s = 0.0  # cumulative seconds spent reading entries back, and their tokens
+        self.read_tokens = 0
 
     def put(self, key: Key, kv: KV, hashes: list[int]) -> list[DiskEntry] | None:
         """Write ``kv``; the entries dropped to make room, or None if nothing was kept."""
@@ -75,8 +78,12 @@ class DiskTier(Generic[KV]):
         """Read an entry back and forget it (it goes back to memory); None if unreadable."""
         entry = self.entries.pop(key)
         self.nbytes -= entry.nbytes
+        started = time.perf_counter()
         try:
-            return self._load(str(entry.path))
+            kv = self._load(str(entry.path))
+            self.read_s += time.perf_counter() - started
+            self.read_tokens += len(key[1])
+            return kv
         except Exception as e:  # noqa: BLE001 - a bad file is a miss, never an error
             log.warning("kv disk tier: read of %s failed (%s); a miss", entry.path, e)
             return None
@@ -94,6 +101,15 @@ class DiskTier(Generic[KV]):
             self.remove(key)
         if self._owned:
             shutil.rmtree(self.root, ignore_errors=True)
+
+
+def reload_cost(disk: DiskTier[Any] | None, prefill_tokens: int, prefill_s: float) -> float:
+    """Seconds per token read back / seconds per token prefilled, once both are measured
+    (0: not yet; the router then assumes its default)."""
+    if disk is None or not disk.read_tokens or prefill_tokens <= 0 or prefill_s <= 0:
+        return 0.0
+    per_read = disk.read_s / disk.read_tokens
+    return min(1.0, max(1e-4, per_read / (prefill_s / prefill_tokens)))
 
 
 def mlx_disk_tier(max_bytes: int, root: str | None) -> DiskTier[list[Any]] | None:

@@ -25,6 +25,7 @@ import time
 from collections.abc import AsyncIterator
 
 from cache_service.events import CacheEvent
+from workers.kv_disk import reload_cost
 from workers.mlx_batch import BatchLoop, SamplingError
 from workers.mlx_jobs import BatchConfig, Job
 from workers.protocol import (
@@ -142,6 +143,8 @@ class MlxEngine:
             prefill_tokens_total=self._core.prefill_tokens_total,
             prefill_busy_s=self._core.prefill_busy_s,
             decode_batch=sum(1 for j in jobs if j.prefill_left == 0),
+            reload_cost=reload_cost(store.disk if store else None,
+                                    self._core.prefill_tokens_total, self._core.prefill_busy_s),
         )
 
     async def check_health(self) -> None:

@@ -140,6 +140,7 @@ async def test_mlx_prefix_evicted_to_disk_is_served_from_it(tiny_model_dir: Path
         assert any(n.endswith(".safetensors") for n in os.listdir(tmp_path))
         got = await usage("a2", a)
         assert (got.cached_tokens, got.host_cached_tokens) == (199, 199)  # type: ignore[attr-defined]
+        assert engine.load().routing_stats().get("reload_cost", 0) > 0  # measured, reported
         kinds = {(type(e).__name__, e.tier) for e in engine.drain_cache_events()
                  if isinstance(e, BlockStored | BlockRemoved)}
         assert {("BlockStored", "disk"), ("BlockRemoved", "disk")} <= kinds
