@@ -23,7 +23,8 @@ from. A failed write or read is a miss, never an error.
 
 Leases (``insert(..., lease_s)``, ``router.leases``): an entry inserted with a lease is
 evicted only when no unleased (or expired) entry is left; leased entries hold at most
-``lease_fraction`` of ``max_bytes`` (past it, the oldest lease lapses).
+``lease_fraction`` of ``max_bytes``: an entry that does not fit gets no lease (the leases
+held stay: a stable warm subset, as in ``workers.sim_kv``).
 """
 
 from __future__ import annotations
@@ -141,12 +142,11 @@ class PrefixKVStore(Generic[KV]):
         shorter = [k for k in self._entries if k[0] == cache_salt and len(k[1]) < len(toks)]
         for other in [k for k in shorter if toks[: len(k[1])] == k[1]]:
             self._remove(other)  # a trimmable longer entry serves its prefixes too
-        until = self._clock() + lease_s if lease_s > 0 else 0.0
-        entry = _Entry(key, toks, kv, self._nbytes_of(kv), hashes, until)
+        entry = _Entry(key, toks, kv, self._nbytes_of(kv), hashes)
+        if lease_s > 0 and self._lease_room() >= entry.nbytes:
+            entry.lease_until = self._clock() + lease_s
         self._entries[key] = entry
         self.nbytes += entry.nbytes
-        if until:
-            self._cap_leases()
         self._evict()
 
     def clear(self) -> None:
@@ -177,15 +177,11 @@ class PrefixKVStore(Generic[KV]):
                 return key
         return next(iter(self._entries))
 
-    def _cap_leases(self) -> None:
-        """Leased entries hold at most ``lease_fraction`` of the budget: the oldest lapse."""
+    def _lease_room(self) -> float:
+        """Bytes leases may still hold (``lease_fraction`` of the budget, less live leases)."""
         now = self._clock()
-        leased = [e for e in self._entries.values() if e.lease_until > now]
-        total = sum(e.nbytes for e in leased)
-        for entry in leased:
-            if total <= self.lease_fraction * self.max_bytes:
-                break
-            entry.lease_until, total = 0.0, total - entry.nbytes
+        held = sum(e.nbytes for e in self._entries.values() if e.lease_until > now)
+        return self.lease_fraction * self.max_bytes - held
 
     def _spill(self, key: _Key) -> None:
         """Evict ``key`` for room: to the disk tier if there is one, else it is gone."""

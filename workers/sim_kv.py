@@ -6,7 +6,10 @@
 * Leases: a finished request may ask to keep its blocks until a deadline (``lease_s``, the
   router's guess of the session's next turn). Leased blocks are evicted only when no
   unleased evictable block is left; an expired lease is an ordinary block again. Leases never
-  hold more than ``lease_fraction`` of C1: a new lease pushes the oldest one out of the lease.
+  hold more than ``lease_fraction`` of C1: when they are full, a new lease covers only the
+  prompt's leading blocks that still fit (none if none do). Refusing, rather than pushing
+  out the oldest lease, keeps a stable subset of sessions warm when the sessions' working
+  set exceeds the cache: rotating leases would thrash exactly like LRU does.
 * Host: ``host_kv_blocks`` (C2, 0 = none). A block evicted from the device moves to host
   (LRU; the host's own LRU block is dropped when full). A request whose leading run reaches
   host blocks reloads them onto the device, at ``host_reload_tok_s`` (the caller charges
@@ -75,29 +78,30 @@ class SimKv:
         owner.append(h)
 
     def release(self, owned: list[int], lease_until: float, now: float) -> None:
-        """Unpin a request's blocks, deepest first; leased until ``lease_until`` if later
-        than ``now`` (a block keeps the latest of its leases)."""
-        for h in reversed(owned):
+        """Unpin a request's blocks; those no other request uses become evictable, deepest
+        first. Leased until ``lease_until`` (a block keeps the latest of its leases) while
+        leases have room, leading blocks first."""
+        freed = []
+        for h in owned:
             n = self.pinned[h] - 1
             if n:
                 self.pinned[h] = n
-                continue
-            del self.pinned[h]
-            until = max(lease_until, self.deadline.get(h, 0.0))
-            if until > now and self.max_leased > 0:
-                self._lease(h, until)
             else:
-                self.deadline.pop(h, None)
+                del self.pinned[h]
+                freed.append(h)
+        room = self.max_leased - len(self.leased)
+        leases: dict[int, float] = {}
+        for h in freed:  # leading blocks first: a tail without its prefix serves nothing
+            until = max(lease_until, self.deadline.pop(h, 0.0))
+            if until > now and len(leases) < room:
+                leases[h] = until
+        for h in reversed(freed):
+            if h in leases:
+                self.leased[h] = None
+                self.deadline[h] = leases[h]
+                self._next_expiry = min(self._next_expiry, leases[h])
+            else:
                 self.free[h] = None
-
-    def _lease(self, h: int, until: float) -> None:
-        while len(self.leased) >= self.max_leased:  # the oldest lease gives way
-            old, _ = self.leased.popitem(last=False)
-            self.deadline.pop(old, None)
-            self.free[old] = None
-        self.leased[h] = None
-        self.deadline[h] = until
-        self._next_expiry = min(self._next_expiry, until)
 
     def make_room(self, n: int, now: float) -> None:
         """Evict until ``n`` more blocks fit (or nothing evictable is left)."""

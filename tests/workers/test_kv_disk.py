@@ -103,10 +103,10 @@ def test_leased_entries_are_evicted_last_within_their_share() -> None:
     s.insert([4] * 8, 40)
     assert held() == [3, 4]
     s.insert([5] * 8, 35, lease_s=10.0)  # [3] goes
-    s.insert([6] * 8, 35, lease_s=10.0)  # 70 B leased > half of 100: [5] lapses; [4] goes
+    s.insert([6] * 8, 35, lease_s=10.0)  # 70 B would be leased > half of 100: no lease; [4] goes
     assert held() == [5, 6]
-    s.insert([7] * 8, 40)  # [5] goes (lapsed), the leased [6] stays
-    assert held() == [6, 7]
+    s.insert([7] * 8, 40)  # the unleased [6] goes, the leased [5] stays
+    assert held() == [5, 7]
 
 
 @pytest.fixture(autouse=True)

@@ -107,17 +107,23 @@ def test_leased_blocks_go_after_unleased_ones_and_leases_expire() -> None:
     assert removed_of(core.drain_events()) == [2, 1]
 
 
-def test_leases_hold_at_most_their_fraction_and_the_oldest_gives_way() -> None:
-    p = SimParams(kv_blocks=8, block_size=4, prefill_tok_s=1e6, tpot_s=0.01, lease_fraction=0.25)
+def test_leases_hold_at_most_their_fraction_leading_blocks_first() -> None:
+    """Full leases refuse newcomers (a stable warm subset; rotating would thrash like LRU);
+    a prompt that only partly fits leases its leading blocks."""
+    p = SimParams(kv_blocks=8, block_size=4, prefill_tok_s=1e6, tpot_s=0.01, lease_fraction=0.375)
     core = SimCore(p, "m", "r")
     core.submit(SimRequest("a", [1, 2], 8, 1, lease_s=100.0), 0.0)
     drain(core)
-    core.submit(SimRequest("b", [3, 4], 8, 1, lease_s=100.0), 1.0)
+    core.submit(SimRequest("b", [3, 4], 8, 1, lease_s=100.0), 1.0)  # room for one more: 3
     drain(core)
-    assert len(core.kv.leased) == 2 and set(core.kv.leased) == {3, 4}
-    core.submit(SimRequest("c", [5, 6, 7, 8, 9, 10], 24, 1), 2.0)  # evicts 2 of 8
+    assert set(core.kv.leased) == {1, 2, 3}
+    core.submit(SimRequest("c", [5, 6, 7, 8, 9], 20, 1), 2.0)  # needs one slot more
     drain(core)
-    assert removed_of(core.drain_events()) == [2, 1]  # a's lease was pushed out: unleased
+    assert removed_of(core.drain_events()) == [4]  # the unleased block goes
+    core.submit(SimRequest("d", [11, 12, 13], 12, 1), 3.0)  # unleased LRU first: c's tail
+    drain(core)
+    assert removed_of(core.drain_events()) == [9, 8, 7]
+    assert set(core.kv.leased) == {1, 2, 3}
 
 
 def removed_of(events: list[CacheEvent]) -> list[int]:
