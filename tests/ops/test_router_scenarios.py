@@ -31,7 +31,8 @@ def test_agent_table() -> None:
               "cpu_ms_per_request": cpu, "ttft_ms_p50": 50.0}
              for m, cpu in (("before", 40.0), ("after", 8.0))]
     text = agent_markdown({"agent": {"modes": modes, "after_over_before": 0.2}})
-    assert "| before | 100 | 20,000 | 40.0 |" in text
+    assert "| 1 | before | 100 | 20,000 | 0 | 0.00 | 40.0 | 50 |" in text
+    assert "| 1 | after | 100 | 20,000 | 0 | 0.00 | 8.0 | 50 |" in text
     assert "0.20x" in text
 
 
