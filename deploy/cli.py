@@ -18,7 +18,7 @@ from ops.keys import add_parser as add_keys
 from ops.sim.cli import add_parser as add_sim
 from ops.soak import add_parser as add_soak
 from ops.status import add_parser as add_status
-from ops.tiny_model import default_cache_dir, ensure_model
+from ops.tiny_model import add_family_arg, default_cache_dir, ensure_model
 
 if TYPE_CHECKING:
     from deploy.console import UpConsole
@@ -130,7 +130,7 @@ def _start(cfg: KvrouteConfig, ui: UpConsole, log_path: Path | None) -> None:
 def cmd_make_model(args: argparse.Namespace) -> int:
     from ops.tiny_model import make_model
 
-    path = make_model(args.dir, seed=args.seed)
+    path = make_model(args.dir, seed=args.seed, family=args.family)
     print(path)
     return 0
 
@@ -151,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     mm = sub.add_parser("make-model", help="write the tiny offline model")
     mm.add_argument("dir")
     mm.add_argument("--seed", type=int, default=0)
+    add_family_arg(mm)
     mm.set_defaults(func=cmd_make_model)
     add_status(sub)
     add_sim(sub)

@@ -4,7 +4,8 @@
 with a byte-level BPE tokenizer trained on ``tiny_corpus.txt`` and a Qwen2.5-style ChatML
 chat template with tool calling. The output is a plain Hugging Face folder that mlx-lm,
 vLLM and transformers load. Output is byte-for-byte deterministic for a given seed.
-``ensure_model()`` builds the default demo model once into a shared cache folder.
+``make_model(dir, family=F)`` swaps in family F's public chat template and special tokens
+(``ops/tiny_families.py``). ``ensure_model()`` builds a model once into a shared cache folder.
 """
 
 from __future__ import annotations
@@ -20,7 +21,18 @@ from typing import Any
 
 import numpy as np
 from safetensors.numpy import save_file
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import (
+    AddedToken,
+    Regex,
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    trainers,
+)
+
+from ops.tiny_families import DEFAULT_FAMILY, FAMILIES, FAMILY_NAMES, Family
 
 MODEL_NAME = "tiny-llama-v1"
 VOCAB_SIZE = 4096
@@ -116,15 +128,16 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def model_config() -> dict[str, Any]:
+def model_config(vocab_size: int = VOCAB_SIZE, bos_id: int = ENDOFTEXT_ID,
+                 eos_id: int | list[int] = IM_END_ID) -> dict[str, Any]:
     """The Hugging Face ``config.json`` contents."""
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         "attention_bias": False,
         "attention_dropout": 0.0,
-        "bos_token_id": ENDOFTEXT_ID,
-        "eos_token_id": IM_END_ID,
+        "bos_token_id": bos_id,
+        "eos_token_id": eos_id,
         "head_dim": HEAD_DIM,
         "hidden_act": "silu",
         "hidden_size": HIDDEN_SIZE,
@@ -141,15 +154,15 @@ def model_config() -> dict[str, Any]:
         "tie_word_embeddings": False,
         "torch_dtype": "float32",
         "use_cache": True,
-        "vocab_size": VOCAB_SIZE,
+        "vocab_size": vocab_size,
     }
 
 
-def _weight_shapes() -> list[tuple[str, tuple[int, ...]]]:
+def _weight_shapes(vocab: int) -> list[tuple[str, tuple[int, ...]]]:
     """Names and shapes of every tensor, in the fixed order they are drawn from the RNG."""
     q_out, kv_out = NUM_HEADS * HEAD_DIM, NUM_KV_HEADS * HEAD_DIM
     shapes: list[tuple[str, tuple[int, ...]]] = [
-        ("model.embed_tokens.weight", (VOCAB_SIZE, HIDDEN_SIZE))
+        ("model.embed_tokens.weight", (vocab, HIDDEN_SIZE))
     ]
     for i in range(NUM_LAYERS):
         p = f"model.layers.{i}"
@@ -164,15 +177,15 @@ def _weight_shapes() -> list[tuple[str, tuple[int, ...]]]:
             (f"{p}.mlp.up_proj.weight", (INTERMEDIATE_SIZE, HIDDEN_SIZE)),
             (f"{p}.mlp.down_proj.weight", (HIDDEN_SIZE, INTERMEDIATE_SIZE)),
         ]
-    shapes += [("model.norm.weight", (HIDDEN_SIZE,)), ("lm_head.weight", (VOCAB_SIZE, HIDDEN_SIZE))]
+    shapes += [("model.norm.weight", (HIDDEN_SIZE,)), ("lm_head.weight", (vocab, HIDDEN_SIZE))]
     return shapes
 
 
-def make_weights(seed: int = 0) -> dict[str, np.ndarray]:
+def make_weights(seed: int = 0, vocab_size: int = VOCAB_SIZE) -> dict[str, np.ndarray]:
     """Random float32 weights: matrices ~ N(0, 0.02), norm scales = 1."""
     rng = np.random.default_rng(seed)
     weights: dict[str, np.ndarray] = {}
-    for name, shape in _weight_shapes():
+    for name, shape in _weight_shapes(vocab_size):
         if name.endswith("norm.weight"):
             weights[name] = np.ones(shape, dtype=np.float32)
         else:
@@ -261,19 +274,72 @@ def _generation_config() -> dict[str, Any]:
     return {"bos_token_id": ENDOFTEXT_ID, "eos_token_id": IM_END_ID, "pad_token_id": ENDOFTEXT_ID}
 
 
-def make_model(out_dir: str | Path, seed: int = 0) -> Path:
-    """Write the tiny model (weights, config, tokenizer) into ``out_dir`` and return it."""
+def _family_tokenizer(fam: Family) -> Tokenizer:
+    """The tiny BPE plus ``fam``'s tokens (each one id); control tokens are special."""
+    tokenizer = build_tokenizer()
+    new = [t for t in fam.tokens() if tokenizer.token_to_id(t) is None]
+    plain = set(fam.markers)
+    for t in new:  # one at a time so ids follow fam.tokens()' fixed order
+        token = AddedToken(t, special=t not in plain, normalized=False)
+        (tokenizer.add_tokens if t in plain else tokenizer.add_special_tokens)([token])
+    return tokenizer
+
+
+def _family_files(fam: Family, tokenizer: Tokenizer) -> dict[str, dict[str, Any]]:
+    """``fam``'s JSON files: its template, bos/eos, and a vocab covering every added token."""
+    data = json.loads(tokenizer.to_str())
+    ids = tokenizer.token_to_id
+    vocab = -(-tokenizer.get_vocab_size(with_added_tokens=True) // 64) * 64  # mlx-friendly
+    eos: int | list[int] = [ids(t) for t in (fam.eos, *fam.stops)] if fam.stops else ids(fam.eos)
+    bos = ids(fam.bos) if fam.bos else None
+    extra = [t for t in (*fam.control, *fam.stops) if t not in (fam.eos, fam.bos)]
+    tok_cfg = tokenizer_config() | {
+        "added_tokens_decoder": {
+            str(t["id"]): _added_token(t["content"], t["special"]) for t in data["added_tokens"]
+        },
+        "additional_special_tokens": extra,
+        "bos_token": fam.bos,
+        "chat_template": fam.template_text(),
+        "eos_token": fam.eos,
+    }
+    bos_map = {"bos_token": _added_token(fam.bos, True)} if fam.bos else {}
+    return {
+        "tokenizer.json": data,
+        "tokenizer_config.json": tok_cfg,
+        "special_tokens_map.json": _special_tokens_map() | bos_map | {
+            "additional_special_tokens": extra, "eos_token": _added_token(fam.eos, True)},
+        "config.json": model_config(vocab, ENDOFTEXT_ID if bos is None else bos, eos),
+        "generation_config.json": {"bos_token_id": bos, "eos_token_id": eos,
+                                   "pad_token_id": ENDOFTEXT_ID},
+    }
+
+
+def _default_files() -> dict[str, dict[str, Any]]:
+    return {
+        "tokenizer.json": json.loads(build_tokenizer().to_str()),
+        "tokenizer_config.json": tokenizer_config(),
+        "special_tokens_map.json": _special_tokens_map(),
+        "config.json": model_config(),
+        "generation_config.json": _generation_config(),
+    }
+
+
+def make_model(out_dir: str | Path, seed: int = 0, family: str | None = None) -> Path:
+    """Write the tiny model (weights, config, tokenizer) into ``out_dir`` and return it.
+
+    ``family`` (one of ``FAMILY_NAMES``; None is the default ChatML model) gives it that
+    family's chat template and special tokens."""
+    if family not in (None, DEFAULT_FAMILY, *FAMILIES):
+        raise ValueError(f"unknown family {family!r}; one of {', '.join(FAMILY_NAMES)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer()
-    data = json.loads(tokenizer.to_str())
-    _write_json(out / "tokenizer.json", data)
-    _write_json(out / "tokenizer_config.json", tokenizer_config())
-    _write_json(out / "special_tokens_map.json", _special_tokens_map())
-    _write_json(out / "config.json", model_config())
-    _write_json(out / "generation_config.json", _generation_config())
+    fam = FAMILIES.get(family or "")
+    files = _family_files(fam, _family_tokenizer(fam)) if fam else _default_files()
+    for name, data in files.items():
+        _write_json(out / name, data)
     weights_path = out / "model.safetensors"
-    save_file(make_weights(seed), str(weights_path), metadata={"format": "pt"})
+    vocab = files["config.json"]["vocab_size"]
+    save_file(make_weights(seed, vocab), str(weights_path), metadata={"format": "pt"})
     os.chmod(weights_path, 0o644)  # safetensors creates it owner-only
     return out
 
@@ -311,20 +377,21 @@ def _publish(tmp: Path, final: Path) -> None:
             raise
 
 
-def ensure_model(cache_dir: Path | None = None) -> Path:
-    """Return the default demo model folder, generating it on first use.
+def ensure_model(cache_dir: Path | None = None, family: str | None = None) -> Path:
+    """Return the demo model folder (``family``'s if given), generating it on first use.
 
     Generation happens in a private temp folder that is renamed into place, so
     concurrent callers (several processes or Ray workers) never see a partial model.
     """
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    final = root / MODEL_NAME
+    name = MODEL_NAME if family in (None, DEFAULT_FAMILY) else f"{MODEL_NAME}-{family}"
+    final = root / name
     if is_complete(final):
         return final
     root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{MODEL_NAME}.", suffix=".tmp", dir=root))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=root))
     try:
-        make_model(tmp, seed=0)
+        make_model(tmp, seed=0, family=family)
         os.chmod(tmp, 0o755)
         _publish(tmp, final)
     finally:
@@ -332,13 +399,23 @@ def ensure_model(cache_dir: Path | None = None) -> Path:
     return final
 
 
+def add_family_arg(parser: argparse.ArgumentParser) -> None:
+    """The ``--family`` option (shared by this module's CLI and ``kvroute make-model``)."""
+    parser.add_argument(
+        "--family", choices=FAMILY_NAMES, default=DEFAULT_FAMILY,
+        help="chat template and special tokens of this model family "
+        f"(default {DEFAULT_FAMILY}: ChatML with hermes tool calls)",
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
-    """CLI: ``make-model DIR [--seed N]``."""
+    """CLI: ``make-model DIR [--seed N] [--family F]``."""
     parser = argparse.ArgumentParser(prog="make-model", description=__doc__.splitlines()[0])
     parser.add_argument("dir", metavar="DIR", type=Path, help="output folder")
     parser.add_argument("--seed", type=int, default=0, help="weight RNG seed (default 0)")
+    add_family_arg(parser)
     args = parser.parse_args(argv)
-    out = make_model(args.dir, seed=args.seed)
+    out = make_model(args.dir, seed=args.seed, family=args.family)
     total = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
     print(f"wrote {out} ({total / 1e6:.1f} MB)")
     return 0

@@ -1,5 +1,5 @@
 """Past reasoning rendered by each thinking family's own public chat template
-(tests/chat_templates, from llama.cpp's models/templates/; Kimi-K2-Thinking's from
+(ops/ and tests/chat_templates, from llama.cpp's models/templates/; Kimi-K2-Thinking's from
 ggml-org/llama.cpp models/templates/moonshotai-Kimi-K2-Thinking.jinja), through
 kvroute's template path: detection, the reasoning switches, and what each template
 keeps of the reasoning a client sends back (in a tool loop, and after a new user

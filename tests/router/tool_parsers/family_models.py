@@ -1,6 +1,7 @@
 """Model folders for each tool-call family: the tiny model with that family's public chat
-template (tests/chat_templates) in its tokenizer_config.json; its tokenizer (byte-level
-BPE) writes any family's markup, so a sim engine can reply in it."""
+template in its tokenizer_config.json; its tokenizer (byte-level BPE) writes any family's
+markup, so a sim engine can reply in it. The templates ``make-model --family`` ships are in
+ops/chat_templates; the test-only ones (Llama 3.1's licence, V3.2, ...) in tests/chat_templates."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import json
 import shutil
 from pathlib import Path
 
-TEMPLATES = Path(__file__).parents[2] / "chat_templates"
+from ops.tiny_families import TEMPLATES_DIR
+
+TEST_TEMPLATES = Path(__file__).parents[2] / "chat_templates"
 # family → its template file (the first of a family's templates in test_detection).
 TEMPLATE_OF = {
     "hermes": "Qwen-Qwen3-0.6B.jinja",
@@ -24,6 +27,12 @@ TEMPLATE_OF = {
 }
 
 
+def template_path(name: str) -> Path:
+    """A template file by name: shipped with make-model, else test-only."""
+    shipped = TEMPLATES_DIR / name
+    return shipped if shipped.is_file() else TEST_TEMPLATES / name
+
+
 def family_model_dir(tiny: Path, family: str, dest: Path) -> Path:
     """A copy of the tiny model folder at ``dest`` whose chat template is ``family``'s."""
     return template_model_dir(tiny, TEMPLATE_OF[family], dest)
@@ -35,6 +44,6 @@ def template_model_dir(tiny: Path, template: str, dest: Path) -> Path:
         shutil.copytree(tiny, dest, dirs_exist_ok=True)
         cfg_path = dest / "tokenizer_config.json"
         cfg = json.loads(cfg_path.read_text())
-        cfg["chat_template"] = (TEMPLATES / template).read_text()
+        cfg["chat_template"] = template_path(template).read_text()
         cfg_path.write_text(json.dumps(cfg, ensure_ascii=False, indent=2))
     return dest

@@ -1,4 +1,4 @@
-"""Family detection from each family's public chat template (tests/chat_templates) and
+"""Family detection from each family's public chat template (ops/ and tests/chat_templates) and
 from the tokenizer's special tokens (the config's override: tests/router/test_tool_calls.py)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from router.tool_parsers import FAMILIES, detect_family
-from tests.router.tool_parsers.family_models import TEMPLATE_OF, TEMPLATES
+from tests.router.tool_parsers.family_models import TEMPLATE_OF, template_path
 
 # Each family's template, and the other templates kept for a family.
 EXPECTED = {file: family for family, file in TEMPLATE_OF.items()} | {
@@ -15,7 +15,7 @@ EXPECTED = {file: family for family, file in TEMPLATE_OF.items()} | {
 
 @pytest.mark.parametrize(("file", "family"), sorted(EXPECTED.items()))
 def test_each_family_is_detected_from_its_own_template(file: str, family: str) -> None:
-    assert detect_family((TEMPLATES / file).read_text()) == family
+    assert detect_family(template_path(file).read_text()) == family
 
 
 def test_every_registered_family_has_a_template_here() -> None:

@@ -3,7 +3,7 @@
 
 Outputs from vLLM's tests/tool_parsers/test_mistral_tool_parser.py (Apache-2.0,
 vllm-project/vllm); the [CALL_ID] form as Mistral-Small-3.2-24B-Instruct-2506's chat
-template writes calls (tests/chat_templates).
+template writes calls (ops/chat_templates).
 """
 
 from __future__ import annotations
