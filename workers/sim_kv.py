@@ -89,10 +89,13 @@ class SimKv:
             else:
                 del self.pinned[h]
                 freed.append(h)
-        room = self.max_leased - len(self.leased)
+        old = {h: self.deadline.pop(h) for h in freed if h in self.deadline}
+        # Leased blocks in use keep their place in the cap (``deadline`` holds them too):
+        # else another session would take the room while this one runs its next turn.
+        room = self.max_leased - len(self.deadline)
         leases: dict[int, float] = {}
         for h in freed:  # leading blocks first: a tail without its prefix serves nothing
-            until = max(lease_until, self.deadline.pop(h, 0.0))
+            until = max(lease_until, old.get(h, 0.0))
             if until > now and len(leases) < room:
                 leases[h] = until
         for h in reversed(freed):
