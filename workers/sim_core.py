@@ -163,6 +163,7 @@ class _Req:
     reloaded: list[int] = field(default_factory=list)
     pinned: list[int] = field(default_factory=list)
     to_store: list[int] = field(default_factory=list)  # reserved, stored at prefill end
+    own: list[int] = field(default_factory=list)  # blocks it computed (stored)
     generated: int = 0
     seq: int = -1  # sequence number of its live heap event; other entries are stale
 
@@ -338,6 +339,7 @@ class SimCore:
     def _end_prefill(self, r: _Req) -> None:
         self.kv.reserved -= len(r.to_store)
         self.kv.store(r.to_store, r.pinned, r.reloaded)
+        r.own.extend(r.to_store)
         r.to_store, r.reloaded = [], []
         self._queued_tokens -= r.uncached
         self._credit_prefill(r.uncached, r.uncached / self.params.prefill_tok_s)
@@ -390,7 +392,7 @@ class SimCore:
             self._queued_tokens -= r.uncached
         else:
             self._decoding -= 1
-        self.kv.release(r.pinned, t + spec.lease_s if spec.lease_s > 0 else 0.0, t)
+        self.kv.release(r.pinned, t + spec.lease_s if spec.lease_s > 0 else 0.0, t, set(r.own))
         r.pinned = []
         return SimFinish(spec.request_id, t, spec.prompt_len, r.generated, r.cached, reason,
                          r.host_cached)

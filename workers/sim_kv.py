@@ -23,7 +23,7 @@ Events are exact per tier (``cache_service.events``): a move to host is
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 from cache_service.events import AllBlocksCleared, BlockRemoved, BlockStored, CacheEvent
 
@@ -77,10 +77,13 @@ class SimKv:
         self.pinned[h] = self.pinned.get(h, 0) + 1
         owner.append(h)
 
-    def release(self, owned: list[int], lease_until: float, now: float) -> None:
+    def release(self, owned: list[int], lease_until: float, now: float,
+                mine: Collection[int] = ()) -> None:
         """Unpin a request's blocks; those no other request uses become evictable, deepest
         first. Leased until ``lease_until`` (a block keeps the latest of its leases) while
-        leases have room, leading blocks first."""
+        leases have room, leading blocks first: the blocks this request computed (``mine``)
+        and those already leased. Blocks it found cached unleased (a prefix other sessions
+        share, hot anyway) are not leased: they would fill the cap for everyone."""
         freed = []
         for h in owned:
             n = self.pinned[h] - 1
@@ -95,7 +98,7 @@ class SimKv:
         room = self.max_leased - len(self.deadline)
         leases: dict[int, float] = {}
         for h in freed:  # leading blocks first: a tail without its prefix serves nothing
-            until = max(lease_until, old.get(h, 0.0))
+            until = max(lease_until if h in mine or h in old else 0.0, old.get(h, 0.0))
             if until > now and len(leases) < room:
                 leases[h] = until
         for h in reversed(freed):
