@@ -9,7 +9,7 @@ second; the workers report their backlog in seconds, so prefill rates never ente
 - ``B``: the fleet's backlog, the running replicas' remaining prefill plus the requests
   queued in front of them (at the handles) at the mean work per request ``S``;
 - ``λ``: offered prefill load, prefill-seconds arriving per second (the slope of each
-  replica's cumulative work over Serve's look-back window);
+  replica's cumulative work over Serve's look-back window, smoothed over ``RATE_TAU_S``);
 - a request's TTFT is its queueing delay plus its own prefill ``S``, so queueing may take
   ``Tq = max(T - S, T / 4)`` of the target ``T``;
 - steady state: with M/M/1 queues a replica at utilisation ρ delays by ``S ρ / (1 - ρ)``
@@ -31,10 +31,11 @@ look like those that did.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 SLACK = 0.1  # a replica is worth adding if it ends an overload this share of Tq sooner
 STARTUP_ALPHA = 0.5  # weight of a new start-up sample in the learned start-up time
+RATE_TAU_S = 2.0  # time constant of the smoothed offered load
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,8 +43,8 @@ class ReplicaLoad:
     """One running replica, from its autoscaling stats (``workers.protocol``)."""
 
     backlog_s: float  # remaining prefill, seconds
-    work_rate: float  # offered prefill load, prefill-seconds per second
-    request_rate: float  # requests begun per second
+    work_rate: float | None  # offered prefill load, prefill-s per s (None: one point yet)
+    request_rate: float | None  # requests begun per second
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +73,7 @@ class State:
     seen: frozenset[str] = frozenset()  # replicas running at the last tick
     pending_since: tuple[float, ...] = ()  # when each starting replica was asked for
     startup_s: float | None = None  # learned start-up time
+    rates: tuple[float, float, float] | None = None  # (at, work, requests): smoothed load
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +99,25 @@ def learn_startup(snap: Snapshot, state: State) -> State:
     if len(pending) < starting:
         pending += [snap.now] * (starting - len(pending))
     del pending[starting:]  # the target went down: the newest requests were withdrawn
-    return State(frozenset(snap.running), tuple(pending), learned)
+    return replace(state, seen=frozenset(snap.running), pending_since=tuple(pending),
+                   startup_s=learned)
+
+
+def smooth_rates(now: float, loads: list[ReplicaLoad], running: int, state: State) -> State:
+    """The fleet's offered load, smoothed over ``RATE_TAU_S``: a slope over a window of two
+    reports a second apart jumps, and a replica with one report has none yet (the others'
+    stand for it; with none at all, the last estimate holds)."""
+    known = [x for x in loads if x.work_rate is not None and x.request_rate is not None]
+    if not known:
+        return state
+    scale = running / len(known) if running else 1.0
+    work = scale * sum(x.work_rate or 0.0 for x in known)
+    reqs = scale * sum(x.request_rate or 0.0 for x in known)
+    if state.rates is not None:
+        at, old_work, old_reqs = state.rates
+        a = 1.0 - math.exp(-max(0.0, now - at) / RATE_TAU_S)
+        work, reqs = old_work + a * (work - old_work), old_reqs + a * (reqs - old_reqs)
+    return replace(state, rates=(now, work, reqs))
 
 
 def ready_in(snap: Snapshot, state: State, startup_s: float, n: int) -> list[float]:
@@ -134,8 +154,8 @@ def decide(snap: Snapshot, params: Params, state: State) -> Decision:
         return Decision(snap.target, state, "no stats from any replica: held")
     # Replicas without a report yet are taken to look like the ones that reported.
     scale = len(snap.running) / len(loads) if snap.running else 1.0
-    rate = scale * sum(x.work_rate for x in loads)
-    req_rate = scale * sum(x.request_rate for x in loads)
+    state = smooth_rates(snap.now, loads, len(snap.running), state)
+    _, rate, req_rate = state.rates or (0.0, 0.0, 0.0)
     work_per_req = rate / req_rate if req_rate > 0 else 0.0
     backlog = scale * sum(x.backlog_s for x in loads) + snap.queued_requests * work_per_req
     target = params.ttft_target_s

@@ -27,9 +27,10 @@ class _Point(Protocol):  # Serve's TimeStampedValue
     value: float
 
 
-def _slope(series: Sequence[_Point]) -> float:
+def _slope(series: Sequence[_Point]) -> float | None:
+    """A cumulative counter's rate over the window; None with fewer than two reports."""
     if len(series) < 2 or series[-1].timestamp <= series[0].timestamp:
-        return 0.0
+        return None
     rise = series[-1].value - series[0].value
     return max(0.0, rise / (series[-1].timestamp - series[0].timestamp))
 

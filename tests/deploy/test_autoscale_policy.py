@@ -89,6 +89,21 @@ def test_missing_stats_hold_instead_of_reading_as_idle() -> None:
     assert decide(part, PARAMS, seen(part)).needed == decide(whole, PARAMS, seen(whole)).needed
 
 
+def test_offered_load_is_smoothed_and_kept_when_unknown() -> None:
+    s = snap(0.0, 0.0, work_rate=3.0, request_rate=6.0)
+    first = decide(s, PARAMS, seen(s))
+    assert first.state.rates == (T0, 3.0, 6.0)
+    # a jump to 0 one second later moves the estimate by 1 - exp(-1/2), not all the way
+    calm = snap(0.0, 0.0, now=T0 + 1)
+    _, work, _ = decide(calm, PARAMS, first.state).state.rates or (0, 0, 0)
+    assert work == pytest.approx(3.0 * math.exp(-0.5))
+    # replicas with one report each (no slope yet): the last estimate holds
+    unknown = Snapshot(T0 + 1, ("r0", "r1"), 2, 1, 8,
+                       {r: ReplicaLoad(0.0, None, None) for r in ("r0", "r1")})
+    held = decide(unknown, PARAMS, first.state)
+    assert held.state.rates == first.state.rates and held.replicas == first.replicas
+
+
 def test_bounds_clip_the_answer() -> None:
     s = snap(40.0, hi=3)
     assert decide(s, PARAMS, seen(s)).replicas == 3

@@ -72,6 +72,9 @@ def test_snapshot_reads_latest_backlog_and_rates_from_the_series() -> None:
     load = s.loads["a"]
     assert load.backlog_s == 3.0
     assert load.work_rate == pytest.approx(1.0) and load.request_rate == pytest.approx(2.0)
+    one = {k: v[-1:] for k, v in series(3.0, (10.0, 14.0), (5, 13)).items()}
+    first = snapshot(ctx({"a": one}, 1, 1.0, serve_config())).loads["a"]
+    assert first.backlog_s == 3.0 and first.work_rate is None  # no slope from one report
 
 
 def test_long_prompts_scale_up_where_the_default_policy_does_not() -> None:
