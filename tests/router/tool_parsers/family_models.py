@@ -9,20 +9,17 @@ import json
 import shutil
 from pathlib import Path
 
-from ops.tiny_families import TEMPLATES_DIR
+from ops.tiny_families import FAMILIES, TEMPLATES_DIR
+from ops.tiny_model import ensure_model
 
 TEST_TEMPLATES = Path(__file__).parents[2] / "chat_templates"
-# family → its template file (the first of a family's templates in test_detection).
-TEMPLATE_OF = {
-    "hermes": "Qwen-Qwen3-0.6B.jinja",
-    "qwen3-coder": "Qwen3-Coder.jinja",
-    "gpt-oss": "openai-gpt-oss-120b.jinja",
-    "deepseek-v3.1": "deepseek-ai-DeepSeek-V3.1.jinja",
+# Parser family → the make-model family built for it (``ops/tiny_families.py``): the
+# same names, but Qwen3's tool calls are the hermes parser's.
+BUILT_AS = {("hermes" if name == "qwen3" else name): name for name in FAMILIES}
+# family → its template file (the first of a family's templates in test_detection); the
+# built families' come from ops/tiny_families, the rest are test-only templates.
+TEMPLATE_OF = {family: FAMILIES[built].template for family, built in BUILT_AS.items()} | {
     "deepseek-v3.2": "deepseek-ai-DeepSeek-V3.2.jinja",
-    "glm-4.5": "GLM-4.6.jinja",
-    "kimi-k2": "moonshotai-Kimi-K2.jinja",
-    "minimax-m2": "MiniMax-M2.jinja",
-    "mistral": "Mistral-Small-3.2-24B-Instruct-2506.jinja",
     "llama3-json": "meta-llama-Llama-3.1-8B-Instruct.jinja",
 }
 
@@ -34,7 +31,11 @@ def template_path(name: str) -> Path:
 
 
 def family_model_dir(tiny: Path, family: str, dest: Path) -> Path:
-    """A copy of the tiny model folder at ``dest`` whose chat template is ``family``'s."""
+    """A model folder with ``family``'s chat template: ``make-model --family``'s (with the
+    family's special tokens; cached beside ``tiny``), else a copy of ``tiny`` at ``dest``
+    with the test-only template swapped in."""
+    if family in BUILT_AS:
+        return ensure_model(tiny.parent, family=BUILT_AS[family])
     return template_model_dir(tiny, TEMPLATE_OF[family], dest)
 
 
