@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -39,8 +38,9 @@ CHAT = [
 
 
 @pytest.fixture(scope="module")
-def family_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return Path(os.environ.get("KVROUTE_CACHE_DIR", tmp_path_factory.mktemp("families")))
+def family_cache(tiny_model_dir: Path) -> Path:
+    """The session's model cache, so the tool-parser stacks reuse these builds."""
+    return tiny_model_dir.parent
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
