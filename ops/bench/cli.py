@@ -244,7 +244,7 @@ async def _bench(args: argparse.Namespace) -> tuple[dict[str, Any], list[Any]]:
     params: dict[str, Any] = {"url": args.url, "model": model, "salt": args.salt,
                               "load": asdict(spec)}
     if args.workload == "agent":
-        agent = _agent_params(args)
+        agent = await _agent_window(args, model)
         driver = cl.agent_driver(wl.AgentWorkload(agent, args.salt), spec)
         params["agent"] = agent.to_dict()
     else:
@@ -260,6 +260,18 @@ async def _bench(args: argparse.Namespace) -> tuple[dict[str, Any], list[Any]]:
     bench = bench_json(records, workload=args.workload, policy=label, replicas=replicas,
                        params=params, prefill_tok_s=args.prefill_tok_s)
     return bench, records
+
+
+async def _agent_window(args: argparse.Namespace, model: str) -> Any:
+    """The agent params with the server's context window, so sessions compact below it;
+    kvroute's /v1/models does not report one, so its deploy default stands in."""
+    from deploy.config import ModelConfig
+    from ops.bench import client as cl
+    from ops.bench.workloads import with_context
+
+    window = await cl.fetch_context_window(args.url, model)
+    default = ModelConfig.model_fields["context_window"].default
+    return with_context(_agent_params(args), window or default)
 
 
 async def _count_replicas(url: str) -> int:

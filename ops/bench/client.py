@@ -91,6 +91,18 @@ async def fetch_model(url: str) -> str:
         return str((await r.json())["data"][0]["id"])
 
 
+async def fetch_context_window(url: str, model: str) -> int | None:
+    """The model's context window as ``GET /v1/models`` reports it (vLLM and SGLang:
+    ``max_model_len``), or None when the server does not say."""
+    async with aiohttp.ClientSession() as s, s.get(f"{url}/v1/models") as r:
+        r.raise_for_status()
+        for m in (await r.json()).get("data", []):
+            window = m.get("max_model_len") or m.get("context_window")
+            if m.get("id") == model and isinstance(window, int):
+                return window
+    return None
+
+
 class Client:
     """Streams one request at a time per call of ``send``; share it across tasks."""
 

@@ -20,8 +20,12 @@ to ``/v1/completions`` with a token-id prompt and ``max_tokens = output_length``
 * sub-agents: a turn may spawn 1-3 sub-agents that run in parallel, each its own
   conversation under a shared sub-agent system prompt and tool subset, whose
   summaries come back to the parent as tool results;
-* compaction: past ``compact_tokens`` (estimated as characters / 4) the session asks
-  for a summary and restarts its history from it, as coding agents do.
+* compaction: when the next request (history + tools + reply, estimated at
+  ``chars_per_token``, 2.5 by default: the old chars / 4 without the tools undercounted
+  the demo tokenizer about 1.7x) would pass the server's ``context_tokens`` (tools
+  included), or the history alone ``compact_tokens``, the session asks for
+  a summary and restarts its history from it, as coding agents do; the summary request
+  and tool results are cut to fit the window, so no request is refused with 413.
 
 The assistant turns in the history are the script's, not the server's output, so the
 requests do not depend on the server; ``max_tokens`` is the scripted reply's length.
@@ -50,6 +54,9 @@ TRACE_BLOCK = 512
 MIN_TOKEN_ID, TOP_RESERVED = 100, 300
 CHARS_PER_TOKEN = 4
 CHAT_PATH, COMPLETIONS_PATH = "/v1/chat/completions", "/v1/completions"
+# Room kept after a compaction check: the longest reply (600) and a task's end
+# (final reply + next task) that are appended before the next check.
+_HEADROOM = 1200
 _CORPUS = Path(__file__).resolve().parent.parent / "tiny_corpus.txt"
 
 
@@ -117,6 +124,8 @@ class AgentParams:
     subagent_prob: float = 0.1  # chance that a turn spawns sub-agents
     subagent_turns_mean: float = 5.0
     compact_tokens: int = 40000  # history size that triggers a compaction
+    context_tokens: int = 0  # the server's context window (0: unknown); the bench fills it
+    chars_per_token: float = 2.5  # estimate of the server tokenizer (the demo: 2.8-4.5)
     summary_tokens: int = 2000
 
     def to_dict(self) -> dict[str, Any]:
@@ -133,6 +142,14 @@ def override_params(base: AgentParams, seed: int, items: list[str]) -> AgentPara
             raise SystemExit(f"--agent {key}: unknown; known: {sorted(types)}")
         upd[key] = float(value) if types[key] == "float" else int(value)
     return replace(base, **upd)
+
+
+def with_context(params: AgentParams, window: int | None) -> AgentParams:
+    """``params`` with the server's context window, unless one was given already."""
+    if window is None or params.context_tokens:
+        return params
+    return replace(params, context_tokens=window)
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,8 +225,21 @@ def _tools(text: _Text, n: int) -> list[dict[str, Any]]:
     return out
 
 
-def _tokens(messages: list[dict[str, Any]]) -> int:
-    return sum(len(m.get("content") or "") + 40 for m in messages) // CHARS_PER_TOKEN
+def _tokens(messages: list[dict[str, Any]], chars_per_token: float = CHARS_PER_TOKEN,
+            tools: list[dict[str, Any]] | None = None) -> int:
+    """Estimated prompt tokens: message text (+40 chars of framing each) and tools."""
+    chars = sum(len(m.get("content") or "") + 40 for m in messages)
+    chars += sum(len(json.dumps(m["tool_calls"])) for m in messages if m.get("tool_calls"))
+    chars += len(json.dumps(tools)) if tools else 0
+    return int(chars / chars_per_token)
+
+
+def prompt_limit(p: AgentParams) -> int:
+    """The largest request (prompt with tools + max_tokens) a session plans: the server's
+    window less 5% + 256 tokens; without one, ``compact_tokens`` plus the tools' share."""
+    if not p.context_tokens:
+        return p.compact_tokens + 8000
+    return int(p.context_tokens * 0.95) - 256
 
 
 class AgentWorkload:
@@ -267,10 +297,14 @@ class _SessionBuilder:
                 think = self._spawn(messages, reply)
             else:
                 think = self._tool_turn(messages, tools, reply)
-            if _tokens(messages) > p.compact_tokens:
+            if (self._est(messages, []) > p.compact_tokens
+                    or self._est(messages, tools) + _HEADROOM > prompt_limit(p)):
                 messages = self._compact(messages, system, tools)
                 think = 0.2
         return messages
+
+    def _est(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> int:
+        return _tokens(messages, self.p.chars_per_token, tools)
 
     def _call(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
               max_tokens: int, think: float) -> None:
@@ -290,6 +324,8 @@ class _SessionBuilder:
                              "name": tool["name"], "arguments": json.dumps(args)}}]})
         size = int(t.lognormal(self.p.tool_result_tokens, 1.0, 20, 12000))
         result = t.code(size) if t.rng.random() < 0.6 else t.prose(size)
+        # Agents cut long tool output; a quarter of the window leaves room to compact.
+        result = result[: int(prompt_limit(self.p) / 4 * self.p.chars_per_token)]
         messages.append({"role": "tool", "tool_call_id": cid, "content": result})
         return t.lognormal(self.p.tool_time_s, 0.8, 0.05, 30)
 
@@ -319,7 +355,13 @@ class _SessionBuilder:
     def _compact(self, messages: list[dict[str, Any]], system: dict[str, Any],
                  tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
         ask = {"role": "user", "content": "Summarize the conversation so far for a handoff."}
-        self._call([*messages, ask], tools, 500, 0.1)
+        keep = messages[1:]
+        # The summary request drops the oldest turns that would not fit (whole tool rounds).
+        while keep and self._est([system, *keep, ask], tools) + 500 > prompt_limit(self.p):
+            keep = keep[1:]
+            while keep and keep[0]["role"] == "tool":
+                keep = keep[1:]
+        self._call([system, *keep, ask], tools, 500, 0.1)
         summary = f"Summary of earlier work:\n{self.t.prose(self.p.summary_tokens)}"
         return [system, {"role": "user", "content": summary}]
 

@@ -70,7 +70,8 @@ def test_agent_sessions_share_system_prompt_and_tools_and_grow() -> None:
                 assert len(nxt) > len(prev)  # the history grew
             else:
                 compactions += 1  # a compaction restarts the history from a summary
-                assert prev[-1]["content"].startswith("Summarize")
+                # (the summary request itself may drop old turns to fit the window)
+                assert any(m[-1]["content"].startswith("Summarize") for m in (prev, nxt))
     assert compactions > 0
     assert all(c.think_s >= 0 for c in calls) and calls[0].think_s == 0
 

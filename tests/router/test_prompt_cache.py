@@ -87,7 +87,8 @@ def test_agent_sessions_bit_identical(tiny_model_dir: Path) -> None:
     with tool definitions; every call is compared and the later calls hit the cache."""
     tok = ChatTokenizer(str(tiny_model_dir), PromptCacheConfig(max_bytes=64 << 20))
     work = AgentWorkload(AgentParams(seed=3, system_tokens=600, repo_tokens=300,
-                                     tool_result_tokens=300, compact_tokens=8000))
+                                     tool_result_tokens=300, compact_tokens=8000,
+                                     chars_per_token=4.0))
     calls = [c for i in range(3) for c in flatten(work.session(i))]
     for call in calls:
         body = call.request.body
