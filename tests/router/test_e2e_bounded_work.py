@@ -96,6 +96,19 @@ def test_a_body_that_stops_arriving_is_a_408(stack: str) -> None:
         sock.sendall(f"POST /v1/messages HTTP/1.1\r\nhost: {url.host}\r\nx-api-key: {FREE}"
                      "\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n"
                      '{"model": '.encode())
-        head = sock.recv(65536)  # socket.timeout (60 s) before the fix
+        head = _read_response(sock)  # socket.timeout (60 s) before the fix
     assert head.startswith(b"HTTP/1.1 408"), head[:300]
     assert b"request_timeout" not in head and b"invalid_request_error" in head, head
+
+
+def _read_response(sock: socket.socket) -> bytes:
+    """One whole HTTP response: its head and body may arrive in separate segments."""
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+        head, sep, body = data.partition(b"\r\n\r\n")
+        length = [int(line.split(b":", 1)[1]) for line in head.lower().split(b"\r\n")
+                  if line.startswith(b"content-length:")]
+        if sep and length and len(body) >= length[0]:
+            break
+    return data
