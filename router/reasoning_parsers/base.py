@@ -28,33 +28,6 @@ class ReasoningParser(Protocol):
     def flush(self) -> list[Piece]: ...
 
 
-class Buffered:
-    """A parser over a text buffer: ``feed`` appends and steps while ``_step`` can decide."""
-
-    _buf: str
-
-    def feed(self, text: str) -> list[Piece]:
-        self._buf += text
-        out: list[Piece] = []
-        while self._step(out):
-            pass
-        return out
-
-    def _step(self, out: list[Piece]) -> bool:
-        raise NotImplementedError
-
-
-def partial_suffix(buf: str, markers: tuple[str, ...]) -> int:
-    """Length of the longest suffix of ``buf`` that is a proper prefix of a marker."""
-    best = 0
-    for marker in markers:
-        for n in range(min(len(marker) - 1, len(buf)), best, -1):
-            if buf.endswith(marker[:n]):
-                best = n
-                break
-    return best
-
-
 def emit(out: list[Piece], piece: Piece) -> None:
     """Append, merging with the previous piece of the same kind; empty pieces vanish."""
     if not (piece.text if isinstance(piece, Reasoning) else piece):

@@ -21,7 +21,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from router.reasoning_parsers.base import Buffered, Piece, Reasoning, emit, partial_suffix
+from router.reasoning_parsers.base import Piece, Reasoning, emit
+from router.text_stream import Buffered, partial_suffix
 
 MESSAGE = "<|message|>"
 TERMINATORS = ("<|end|>", "<|call|>", "<|return|>")
@@ -32,7 +33,7 @@ _HEADER, _BODY, _PLAIN = range(3)
 _MAX_HEADER = 512  # longer than any header: the output is not harmony after all
 
 
-class HarmonyParser(Buffered):
+class HarmonyParser(Buffered[Piece]):
     def __init__(self, inside: bool = False) -> None:
         del inside  # the prompt always ends at a header's start (``<|start|>assistant``)
         self._state = _HEADER

@@ -14,12 +14,13 @@ is all answer (all reasoning when the template opened it, until the closer); a
 
 from __future__ import annotations
 
-from router.reasoning_parsers.base import Buffered, Piece, Reasoning, emit, partial_suffix
+from router.reasoning_parsers.base import Piece, Reasoning, emit
+from router.text_stream import Buffered, partial_suffix
 
 _START, _INSIDE, _AFTER = range(3)
 
 
-class ThinkParser(Buffered):
+class ThinkParser(Buffered[Piece]):
     def __init__(self, inside: bool, start: str = "<think>", end: str = "</think>",
                  implicit_ends: tuple[str, ...] = ()) -> None:
         self._start, self._end, self._implicit = start, end, implicit_ends

@@ -21,6 +21,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from router.text_stream import Buffered, partial_suffix
+
 # Tool name → the JSON schema of its parameters, as the request declared them.
 Schemas = Mapping[str, Mapping[str, Any]]
 
@@ -158,15 +160,7 @@ def param_schema(schemas: Schemas, tool: str, param: str) -> Mapping[str, Any] |
     return sub if isinstance(sub, Mapping) else None
 
 
-def partial_suffix(buf: str, marker: str) -> int:
-    """Length of the longest suffix of ``buf`` that is a proper prefix of ``marker``."""
-    for n in range(min(len(marker) - 1, len(buf)), 0, -1):
-        if buf.endswith(marker[:n]):
-            return n
-    return 0
-
-
-class MarkerParser:
+class MarkerParser(Buffered[Event]):
     """Incremental parser for one section-delimited family (see the module docstring)."""
 
     def __init__(self, family: Family, schemas: Schemas) -> None:
@@ -181,15 +175,7 @@ class MarkerParser:
         self._calls = 0
         self._after_call = False  # the next text follows a call: strip its leading space
 
-    def feed(self, text: str) -> list[Event]:
-        self._buf += text
-        out: list[Event] = []
-        while self._step(out):
-            pass
-        return out
-
     def _step(self, out: list[Event]) -> bool:
-        """Consume what can be decided now; True if there may be more."""
         f = self._f
         if self._inside:
             if self._end is None or (j := self._buf.find(self._end)) < 0:
@@ -214,7 +200,7 @@ class MarkerParser:
             self._end, self._kept = self._ends[start], "" if start == f.start else start
             self._buf = self._buf[i + len(start):]
             return True
-        keep = max(partial_suffix(self._buf, m) for m in self._ends)
+        keep = partial_suffix(self._buf, tuple(self._ends))
         safe = self._buf[: len(self._buf) - keep]
         body = safe.rstrip()  # trailing space waits: dropped if a call follows
         self._text(body, out, trim_end=False)

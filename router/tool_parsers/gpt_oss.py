@@ -23,7 +23,8 @@ from typing import Any
 
 from openai_harmony import HarmonyEncodingName, HarmonyError, Role, load_harmony_encoding
 
-from router.tool_parsers.base import Event, Family, Schemas, ToolCall, json_object, partial_suffix
+from router.text_stream import Buffered, partial_suffix
+from router.tool_parsers.base import Event, Family, Schemas, ToolCall, json_object
 
 START, CHANNEL, MESSAGE = "<|start|>", "<|channel|>", "<|message|>"
 TERMINATORS = ("<|end|>", "<|call|>", "<|return|>")
@@ -53,20 +54,13 @@ def _earliest(buf: str, markers: tuple[str, ...]) -> tuple[int, str] | None:
     return min(((i, m) for m in markers if (i := buf.find(m)) >= 0), default=None)
 
 
-class HarmonyParser:
+class HarmonyParser(Buffered[Event]):
     """Incremental harmony splitter (see the module docstring)."""
 
     def __init__(self, family: Family, schemas: Schemas) -> None:
         del family, schemas  # arguments are JSON in harmony: no schema needed
         self._buf, self._header = "", ""
         self._state = "text"  # "text" | "header" | "body" | "call"
-
-    def feed(self, text: str) -> list[Event]:
-        self._buf += text
-        out: list[Event] = []
-        while self._step(out):
-            pass
-        return out
 
     def flush(self) -> list[Event]:
         out: list[Event] = []
@@ -83,7 +77,7 @@ class HarmonyParser:
         markers = _OPENERS if self._state == "text" else TERMINATORS
         found = _earliest(self._buf, markers)
         if found is None:
-            keep = max(partial_suffix(self._buf, m) for m in markers)
+            keep = partial_suffix(self._buf, markers)
             if self._state != "call":
                 _text(out, self._buf[: len(self._buf) - keep])
                 self._buf = self._buf[len(self._buf) - keep:]
