@@ -45,7 +45,7 @@ from typing import Protocol
 import numpy as np
 import xxhash
 
-from deploy.config import DEFAULT_BLOCK_SIZE  # the config owns the default
+from deploy.index_config import DEFAULT_BLOCK_SIZE  # the config owns the default
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE", "HASH_MASK", "HashMemo", "block_hashes", "model_salt", "tenant_salt",

@@ -6,18 +6,20 @@ hashing and authenticating requests live in ``router.auth``.
 
 from __future__ import annotations
 
-import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from typing import ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from deploy.schema import ENV_NAME, RedisUrlSource, Strict
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,63}$"
 MAX_TOKENS_PER_MIN = 100_000_000  # keeps the GCRA arithmetic exact in Lua doubles
 HEX64 = re.compile(r"^[0-9a-fA-F]{64}$")
 
 
-class _Strict(BaseModel):
+class _Strict(Strict):
     # hide_input_in_errors: a plain key pasted into key_sha256 must not end up in the error.
     model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
@@ -46,25 +48,14 @@ class ApiKeyConfig(_Strict):
         return v.lower()
 
 
-ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
-
-
-def url_from_env(setting: str, var: str, environ: Mapping[str, str] | None = None) -> str:
-    """The URL in ``$var`` of this process's environment; a missing one fails the replica's
-    start (never a silent fallback next to replicas that share the store)."""
-    url = (os.environ if environ is None else environ).get(var, "")
-    if not url:
-        raise ValueError(f"{setting}: ${var} is not set in this process's environment "
-                         "(set it on every node or pod)")
-    return url
-
-
-class RateLimitStoreConfig(_Strict):
+class RateLimitStoreConfig(RedisUrlSource):
     """Where the per-key rate-limit state lives (docs/auth.md, "Rate-limit store").
 
     Its own Redis, with ``maxmemory-policy noeviction``: the index's Redis evicts under
     memory pressure (``volatile-lru``), and an evicted limit key is a full bucket."""
 
+    model_config = _Strict.model_config
+    section: ClassVar[str] = "auth.rate_limit_store"
     redis_url: str | None = Field(
         None, description="Redis URL of the limiter's store (no password here: it sits in "
         "the Serve config; use redis_url_env). None and no env = the index's Redis, with a "
@@ -75,21 +66,9 @@ class RateLimitStoreConfig(_Strict):
         "limiter store's URL, read by each router replica from its own environment.",
     )
 
-    @model_validator(mode="after")
-    def _one_url(self) -> RateLimitStoreConfig:
-        if self.redis_url and self.redis_url_env:
-            raise ValueError("set auth.rate_limit_store.redis_url or redis_url_env, not both")
-        return self
-
     @property
     def configured(self) -> bool:
         return bool(self.redis_url or self.redis_url_env)
-
-    def url(self, environ: Mapping[str, str] | None = None) -> str | None:
-        if self.redis_url_env:
-            return url_from_env("auth.rate_limit_store.redis_url_env", self.redis_url_env,
-                                environ)
-        return self.redis_url
 
 
 class AuthConfig(_Strict):

@@ -1,6 +1,6 @@
 """Reasoning parsers per model family, in a registry; one module per parser.
 
-A model's ``reasoning_parser`` (``deploy.config.ModelConfig``; the family names of
+A model's ``reasoning_parser`` (``deploy.model_config.ModelConfig``; the family names of
 ``router.tool_parsers``, checked when the config loads) picks the parser; unset, it
 is detected once from the chat template (and the tokenizer's added tokens); ``"none"``
 turns reasoning parsing off. A model whose family is not
@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from deploy.config import MODEL_CHECKS, ModelConfig
+from deploy.model_config import MODEL_CHECKS, ModelConfig
 from router.reasoning_parsers import harmony
 from router.reasoning_parsers.base import Piece, Reasoning, ReasoningParser
 from router.reasoning_parsers.harmony import HarmonyParser

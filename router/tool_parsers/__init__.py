@@ -5,12 +5,12 @@ markers, the decoder of a tool-call section, and the markers its chat template (
 its tokenizer's special tokens) gives away. ``FAMILIES`` lists them in detection
 order, most specific first (Qwen3-Coder's template also mentions hermes's
 ``<tool_call>``). A model config's ``tool_parser`` names one explicitly; an unknown
-name fails when the config is loaded (``deploy.config.MODEL_CHECKS``).
+name fails when the config is loaded (``deploy.model_config.MODEL_CHECKS``).
 """
 
 from __future__ import annotations
 
-from deploy.config import MODEL_CHECKS, ModelConfig
+from deploy.model_config import MODEL_CHECKS, ModelConfig
 from router.tool_parsers import (
     deepseek_v31,
     deepseek_v32,
@@ -58,4 +58,4 @@ def _check_tool_parser(model: ModelConfig) -> None:
                          f"known: {sorted(FAMILIES)}")
 
 
-MODEL_CHECKS.append(_check_tool_parser)  # config validation checks the name (deploy.config)
+MODEL_CHECKS.append(_check_tool_parser)  # config validation checks the name (deploy.model_config)

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from deploy.config import AutoscalingConfig
+from deploy.autoscale_config import AutoscalingConfig
 from tests.stacks import deployed, sim_model, stack_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.autoscaling]
