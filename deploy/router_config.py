@@ -27,6 +27,25 @@ class LeaseConfig(Strict):
     max_s: float = Field(300.0, ge=0, description="Longest lease.")
 
 
+class PrewarmConfig(Strict):
+    """Pre-warmed scale-out (router.prewarm): a replica Serve adds gets the hottest shared
+    prefixes as prefill-only requests before it takes user traffic."""
+
+    enabled: bool = Field(True, description="Warm new replicas of a model deployment.")
+    max_prefixes: int = Field(4, ge=1, le=64, description="Most prefixes sent to one new "
+                              "replica (the hottest first).")
+    max_tokens: int = Field(65536, ge=1, description="Most prompt tokens sent to one new "
+                            "replica in all.")
+    min_uses: int = Field(2, ge=1, description="A prefix is hot once this many requests "
+                          "reused it (found it in a replica's cache).")
+    timeout_s: float = Field(10.0, gt=0, description="Bound on one replica's whole warm-up; "
+                             "what is not done by then is dropped.")
+    hold_s: float = Field(5.0, ge=0, description="User traffic avoids a replica being "
+                          "warmed for at most this long (0: it takes traffic at once).")
+    table_size: int = Field(256, ge=1, description="Prefixes remembered per router replica "
+                            "(least recently used go first).")
+
+
 class PromptCacheConfig(Strict):
     """Incremental tokenization in each router replica (router.prompt_cache)."""
 
@@ -80,6 +99,8 @@ class RouterConfig(Strict):
         default_factory=PromptCacheConfig, description="Incremental tokenization.")
     leases: LeaseConfig = Field(default_factory=LeaseConfig,
                                 description="KV retention across agents' pauses.")
+    prewarm: PrewarmConfig = Field(default_factory=PrewarmConfig,
+                                   description="Pre-warmed scale-out.")
     policy: str = Field("kvroute", description="A named routing profile (deploy.routing).")
     pipeline: PipelineConfig | None = Field(
         None, description="An explicit pipeline (filters, weighted scorers, picker); "

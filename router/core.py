@@ -33,6 +33,7 @@ from router.errors import ApiError
 from router.generation import Generation
 from router.leases import SessionGaps, session_kind
 from router.load import LoadTracker
+from router.prewarm import Prewarmer, serve_sender
 from router.ratelimit import RateLimiter, store_url
 from router.selection import (
     RouteRequest,
@@ -86,6 +87,10 @@ class RouterCore:
         self.dispatcher = Dispatcher(
             streaming, self.decider, config.router.max_retries,
             config.router.first_token_timeout_s, self._record_routed, self.remember)
+        self.prewarm = Prewarmer(
+            config.router.prewarm, idx.block_size,
+            serve_sender(streaming, self.on_final, self._record_routed),
+            idx.redis_url, idx.namespace, timeout_s=idx.timeout_s)
         self._known: dict[str, set[str]] = {}
         self._ticks = 0
         self.router_id = ""  # this router replica, for the x-kvroute-router header
@@ -212,6 +217,8 @@ class RouterCore:
                                                  self._sticky(req.session_id))
             span.set_attribute("kvroute.blocks", len(next(iter(hashes.values()))))
         metrics.LOOKUP.observe(time.perf_counter() - started)
+        for m in weights:  # what pre-warm sends new replicas (router.prewarm)
+            self.prewarm.observe(m, req.tenant, req.token_ids, hashes[m], match.get(m, {}))
         cands = await self._all_candidates(weights, match)
         return request_context(self.config, req, weights, hashes, cands, sticky,
                                prompt_tokens=len(req.token_ids), now=self.monotonic())
@@ -279,7 +286,8 @@ class RouterCore:
         return cands
 
     def _candidates(self, model: str, matches: Mapping[str, int]) -> list[Candidate]:
-        return self.decider.candidates(model, replica_view(model), matches, self.clock())
+        view = self.prewarm.admit(model, replica_view(model))  # none being warmed
+        return self.decider.candidates(model, view, matches, self.clock())
 
     def on_final(self, model: str, final: Final) -> None:
         if final.events:  # the embedded index: the replica's cache events ride back here
@@ -298,6 +306,7 @@ class RouterCore:
         live: set[tuple[str, str]] = set()
         for model in self.models:
             view = replica_view(model)
+            self.prewarm.admit(model, view)  # warm-ups start on a quiet router too
             for info in view:
                 metrics.ONGOING.labels(model, info.replica).set(
                     info.stats.get("ongoing_requests", 0))
@@ -332,4 +341,5 @@ class RouterCore:
             task.cancel()
         with contextlib.suppress(Exception):
             await self.index.close()
+        await self.prewarm.close()
         await self.limiter.close()
