@@ -15,7 +15,9 @@ runs the same workload through, in turn (``--routers``; ``all`` = every one):
 * ``sglang-router``: sglang-router 0.3.2 with ``--policy cache_aware``, default thresholds;
 * ``smg``: smg 1.13 ``cache_aware`` (its text tree: its exact index needs gRPC engines);
 * ``vllm-router``: vllm-router 0.1.17 ``kv_aware``, fed by the replicas' KV events;
-* ``vllm-router-cache-aware``: vllm-router's text tree.
+* ``vllm-router-cache-aware``: vllm-router's text tree;
+* ``dynamo``: NVIDIA Dynamo 1.6.1's KV router (``--router-mode kv``), fed by the same
+  KV events, in a network namespace with a worker shim per replica (``ops.bench.dynamo_peer``).
 
 The peers other than sglang-router run from venvs of their own (``ops.bench.peers``);
 every flag that changes their routing goes into the JSON (``params.router_flags``).
@@ -49,15 +51,16 @@ import numpy as np
 
 from ops.bench import lineup, peers
 from ops.bench.client import Client, LoadSpec, Record, Runner, agent_driver, trace_driver
+from ops.bench.dynamo_peer import DynamoRun
 from ops.bench.procs import Subprocess, free_port
 from ops.bench.report import bench_json, stats
 from ops.bench.workloads import AgentParams, AgentWorkload, trace_requests
 
 ROUTERS = ("kvroute", "round-robin", "sglang-router", "smg", "vllm-router",
-           "vllm-router-cache-aware")
+           "vllm-router-cache-aware", "dynamo")
 # Token-id prompts on /v1/completions (the trace replay): sglang-router 0.3.2 refuses them
 # (422), smg 1.13 too (400; it takes ids only on its native /generate, not driven here).
-TOKEN_ID_ROUTERS = ("kvroute", "vllm-router", "vllm-router-cache-aware")
+TOKEN_ID_ROUTERS = ("kvroute", "vllm-router", "vllm-router-cache-aware", "dynamo")
 SGLANG_POLICY = {"round-robin": "round_robin", "sglang-router": "cache_aware"}
 MODEL = "bench-model"
 __all__ = ["MODEL", "ROUTERS", "CompareSpec", "Subprocess", "free_port", "run_compare"]
@@ -223,10 +226,13 @@ async def _compare(spec: CompareSpec, url: str, model_path: str, show: bool
             records[name], benches[name] = await measured(
                 name, url, endpoints[0], lineup.kvroute_processes(), spec, show, headers)
             continue
-        proc, flags = launch(name, info, spec, model_path)
+        proc, flags = launch(name, info, spec, model_path, headers)
         async with proc:
             records[name], benches[name] = await measured(
-                name, proc.base_url, endpoints[0], proc.processes(), spec, show, headers)
+                name, proc.base_url, endpoints[0], proc.processes(), spec, show, headers,
+                getattr(proc, "bridge_processes", list)())
+            if isinstance(proc, DynamoRun):  # counted by its shims: no replica header
+                benches[name]["per_replica_requests"] = proc.per_replica_requests()
         benches[name]["params"].update(router_cmd=proc.cmd[1:], router_flags=flags)
     result = {"routers": benches, **overheads, "endpoints": endpoints, "env": environment(),
               "router_overhead_goal_s": overhead_goal(overheads["serve_proxy_overhead_s"])}
@@ -235,25 +241,41 @@ async def _compare(spec: CompareSpec, url: str, model_path: str, show: bool
 
 
 async def measured(name: str, target: str, direct: str, procs: list[Any], spec: CompareSpec,
-                   show: bool, headers: dict[str, str]) -> tuple[list[Record], dict[str, Any]]:
+                   show: bool, headers: dict[str, str], bridge: list[Any] | None = None
+                   ) -> tuple[list[Record], dict[str, Any]]:
     """One router's run with its idle added latency first and its CPU over the run;
-    ``headers``: the direct endpoints' token (``direct_headers``)."""
+    ``headers``: the direct endpoints' token (``direct_headers``); ``bridge``: processes
+    that carry the router's traffic but are not the router (Dynamo's namespace relays),
+    metered apart."""
     added = await lineup.idle_added_latency(target, direct, MODEL, spec.idle_samples, headers)
-    meter, workers = lineup.CpuMeter(procs), lineup.CpuMeter(lineup.worker_processes(MODEL))
-    meter.start()
-    workers.start()
+    meters = [lineup.CpuMeter(p) for p in (procs, lineup.worker_processes(MODEL), bridge or [])]
+    for m in meters:
+        m.start()
     records, bench = await run_one(name, target, spec, show, headers)
-    meter.stop()
-    workers.stop()
+    meter, workers, relays = meters
+    for m in meters:
+        m.stop()
+    n = max(1, bench["requests"])
     bench.update(meter.summary(bench["requests"]), added_latency_s=added,
-                 replica_cpu_s_per_request=workers.seconds / max(1, bench["requests"]))
+                 replica_cpu_s_per_request=workers.seconds / n)
+    if bridge:
+        bench.update(bridge_cpu_s_per_request=relays.seconds / n,
+                     bridge_cpu_s_by_process={k: round(v, 3)
+                                              for k, v in relays.per_process.items()})
     return records, bench
 
 
 def launch(name: str, info: list[tuple[str, str | None]], spec: CompareSpec,
-           model_path: str) -> tuple[Subprocess, dict[str, Any]]:
-    """The peer router ``name`` over the replicas (not started), and its routing flags."""
+           model_path: str, headers: dict[str, str] | None = None
+           ) -> tuple[Subprocess, dict[str, Any]]:
+    """The peer router ``name`` over the replicas (not started), and its routing flags;
+    ``headers``: the direct endpoints' token (Dynamo's shims call the replicas with it)."""
     endpoints, events = [h for h, _ in info], [e for _, e in info]
+    if name == "dynamo":
+        token = (headers or {}).get("Authorization", "").removeprefix("Bearer ")
+        dyn = DynamoRun(name, endpoints, events, model_path, MODEL, spec.event_block_size,
+                        token)
+        return dyn, dict(dyn.flags)
     if name in SGLANG_POLICY:
         policy = SGLANG_POLICY[name]
         extra = spec.sglang_args if policy == "cache_aware" else ()

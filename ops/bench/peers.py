@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ops.bench.procs import Subprocess, free_port
 
-VERSIONS = {"smg": "1.13.0", "vllm-router": "0.1.17"}
+VERSIONS = {"smg": "1.13.0", "vllm-router": "0.1.17", "dynamo": "1.6.1"}
 FlagValue = str | int | float
 Flags = dict[str, FlagValue | None]  # --flag -> value; None: a switch without a value
 
@@ -64,13 +64,31 @@ def ensure_venv(package: str) -> Path:
             base = getattr(sys, "_base_executable", sys.executable)
             log = peer_cache() / f"{package}.install.log"
             with log.open("wb") as out:
-                for cmd in ([base, "-m", "venv", "--clear", str(venv)],
-                            [str(venv / "bin" / "pip"), "install", "-q",
-                             f"{package}=={VERSIONS[package]}"]):
+                for cmd in [[base, "-m", "venv", "--clear", str(venv)], *install_cmds(package)]:
                     if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode:
                         raise RuntimeError(f"installing {package} failed; see {log}")
             marker.write_text(f"{time.monotonic() - start:.1f}\n")  # install seconds
     return venv / "bin"
+
+
+# ai-dynamo 1.6.1 requires ``aisimulate``, which no index serves: its runtime wheel and the
+# runtime's own dependencies are installed, then the ai-dynamo wheel without dependencies
+# (the frontend, the KV router and the worker API do not import aisimulate).
+DYNAMO_DEPS = ("aiohttp", "certifi", "kubernetes", "msgspec", "prometheus-client", "pyzmq",
+               "redis", "tqdm", "transformers", "typing-extensions", "zstandard")
+
+
+def install_cmds(package: str) -> list[list[str]]:
+    """pip commands that install ``package`` into its (just created) venv."""
+    venv, version = venv_dir(package), VERSIONS[package]
+    pip = [str(venv / "bin" / "pip"), "install", "-q"]
+    if package != "dynamo":
+        return [[*pip, f"{package}=={version}"]]
+    wheels = str(venv / "wheels")
+    return [[str(venv / "bin" / "pip"), "download", "-q", "--no-deps", "-d", wheels,
+             f"ai-dynamo=={version}", f"ai-dynamo-runtime=={version}"],
+            [*pip, "--find-links", wheels, f"ai-dynamo-runtime=={version}", *DYNAMO_DEPS],
+            [*pip, "--no-deps", "--find-links", wheels, f"ai-dynamo=={version}"]]
 
 
 def install_seconds(package: str) -> float | None:

@@ -108,10 +108,18 @@ def cpu_by_process(roots: Iterable[psutil.Process]) -> dict[str, float]:
                 t, cmd = p.cpu_times(), p.cmdline()
             except psutil.Error:
                 continue
-            name = cmd[0].split(" ")[0] if cmd else p.name()
+            name = _program(cmd) if cmd else p.name()
             out[f"{p.pid} {os.path.basename(name)}"] = (
                 t.user + t.system + t.children_user + t.children_system)
     return out
+
+
+def _program(cmd: list[str]) -> str:
+    """The program of a command line; for a python, the script or ``-m`` module it runs."""
+    prog = cmd[0].split(" ")[0]
+    if os.path.basename(prog).startswith("python") and len(cmd) > 1:
+        return cmd[2] if cmd[1] == "-m" and len(cmd) > 2 else cmd[1]
+    return prog
 
 
 def cpu_seconds(roots: Iterable[psutil.Process]) -> float:

@@ -1,7 +1,8 @@
 """``kvroute bench compare`` end to end, for a few seconds: two sim replicas with their
 direct endpoints (and vLLM-format KV events), kvroute's router, sglang-router twice
-(round_robin, cache_aware), smg (cache_aware), vllm-router (kv_aware, cache_aware). The
-peers' venvs are installed on first use (~40 s on a fresh machine, then cached).
+(round_robin, cache_aware), smg (cache_aware), vllm-router (kv_aware, cache_aware) and
+Dynamo's KV router (in its network namespace, a shim per replica). The peers' venvs are
+installed on first use (~40 s each on a fresh machine, Dynamo ~90 s, then cached).
 
 No performance assertions (a few seconds prove nothing): every router serves the
 workload without errors, the JSON has the contract's shape, the overheads, CPU and idle
@@ -15,10 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 
 from ops.bench import compare, report
 from ops.bench.client import LoadSpec
+from ops.bench.dynamo_peer import DynamoRun
 from ops.bench.workloads import AgentParams
 
 pytestmark = pytest.mark.slow
@@ -78,7 +81,7 @@ def test_short_compare_on_sim(ray_local: None, serve_port: int, tiny_model_dir: 
     # (sglang-router included) got through with it, a call without it does not.
     assert bare[0].status_code == 401 and bare[0].json()["error"]["code"] == "invalid_api_key"
     assert set(result["routers"]) == {"kvroute", "round-robin", "sglang-router", "smg",
-                                      "vllm-router", "vllm-router-cache-aware"}
+                                      "vllm-router", "vllm-router-cache-aware", "dynamo"}
     for name, bench in result["routers"].items():
         report.validate(bench)
         assert bench["policy"] == name and bench["workload"] == "agent"
@@ -88,7 +91,7 @@ def test_short_compare_on_sim(ray_local: None, serve_port: int, tiny_model_dir: 
         assert bench["cpu_s_per_request"] > 0 and bench["cpu_s_by_process"], name
         assert bench["replica_cpu_s_per_request"] > 0, name
         assert set(bench["added_latency_s"]) >= {"p50", "p99", "router_p50", "direct_p50"}
-        if name != "kvroute":
+        if name not in ("kvroute", "dynamo"):
             assert bench["params"]["router_flags"]["--policy"], name
     flags = result["routers"]["vllm-router"]["params"]
     assert flags["router_flags"]["--policy"] == "kv_aware"
@@ -101,6 +104,25 @@ def test_short_compare_on_sim(ray_local: None, serve_port: int, tiny_model_dir: 
         assert set(result[key]) == {"p50", "p99"}
     assert result["latency_s"]["direct"]["p50"] > 0
     assert result["goals"]["zero_errors"] and result["goals"]["all_served"]
-    assert len(started) == 5
+    check_dynamo(result["routers"]["dynamo"], started)
+    assert len(started) == 6
     assert all(p.proc is not None and p.proc.poll() is not None for p in started)
     assert "| kvroute |" in report.markdown_compare(result)
+
+
+def check_dynamo(bench: dict[str, Any], started: list[compare.Subprocess]) -> None:
+    """Dynamo routed on the replicas' events, its figures came from the replicas, and every
+    process of its namespace (frontend, shims, relay) and the host relay are gone."""
+    assert bench["params"]["router_flags"]["--router-mode"] == "kv"
+    assert bench["params"]["router_flags"]["--kv-cache-block-size"] == 16
+    # hit% is the replicas' own count passed through Dynamo: 0 would mean it was lost
+    assert bench["cached_token_ratio"] > 0
+    per_replica = bench["per_replica_requests"]
+    assert len(per_replica) == 2 and sum(per_replica.values()) >= bench["requests"]
+    assert sorted(k.split(" ", 1)[1] for k in bench["cpu_s_by_process"]) == [
+        "dynamo.frontend", "dynamo_shim.py", "dynamo_shim.py"]
+    assert bench["bridge_cpu_s_per_request"] > 0
+    (dyn,) = [p for p in started if isinstance(p, DynamoRun)]
+    assert len(dyn.pids) == 5  # frontend, two shims, the relays in and out of the namespace
+    assert not [pid for pid in dyn.pids if psutil.pid_exists(pid)]
+    assert not dyn.dir.exists()

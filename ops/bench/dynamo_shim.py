@@ -1,0 +1,128 @@
+"""A Dynamo worker in front of one sim replica (run by Dynamo's venv python, not kvroute's).
+
+    DYN_... python dynamo_shim.py --replica-socket S --events ipc://E --model-path M \\
+        --model-name NAME --block-size 16 --endpoint dyn://kvroute.backend.generate
+
+Dynamo's KV router routes only to Dynamo endpoints, so each replica gets this shim
+(``ops.bench.dynamo_peer``): it registers a token-in model (``ModelInput.Tokens``, chat and
+completions, ``WorkerType.Aggregated``: one worker does prefill and decode), forwards each
+preprocessed request (the frontend templated and tokenized it) to the replica's own
+``/v1/completions`` as token ids, streamed, and relays the replica's vLLM-format ZMQ KV
+events to the router with ``KvEventPublisher(zmq_endpoint=...)`` (Dynamo re-hashes the
+events' ``token_ids`` itself). It runs inside a network namespace that has only loopback:
+the replica is reached over a unix socket (``ops.bench.sock_relay`` on the host side).
+
+What the frontend reads back (from Dynamo 1.6.1's vLLM handler, ``dynamo/vllm/handlers.py``):
+chunks ``{"token_ids": [...]}``, the last with ``finish_reason`` and ``completion_usage``
+(``prompt_tokens_details.cached_tokens``: the replica's own count, so the cached ratio is
+what the replica served, as for every other router). The replica streams text; the shim
+encodes it back to token ids with the model's tokenizer for the frontend to detokenize.
+Standard library, aiohttp and Dynamo only: kvroute's packages are not installed there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+from dynamo.llm import KvEventPublisher, ModelInput, ModelType, WorkerType, register_model
+from dynamo.runtime import DistributedRuntime
+from tokenizers import Tokenizer
+
+_FINISH = {"stop": "stop", "length": "length"}
+
+
+class Forwarder:
+    """Preprocessed Dynamo request -> the replica's streamed ``/v1/completions``."""
+
+    def __init__(self, socket_path: str, model: str, tokenizer: Tokenizer,
+                 served_file: str) -> None:
+        self.model, self.tok, self.served_file, self.served = model, tokenizer, served_file, 0
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.UnixConnector(path=socket_path, limit=0),
+            timeout=aiohttp.ClientTimeout(total=None),
+            headers={"Authorization": f"Bearer {os.environ.get('KVROUTE_DIRECT_TOKEN', '')}"})
+
+    def count(self) -> None:
+        """Requests per replica, kept in a file: the frontend drops the replica's header
+        (a few bytes to the page cache, not worth a thread hop)."""
+        self.served += 1
+        with open(self.served_file, "w") as f:
+            f.write(str(self.served))
+
+    def body(self, request: dict[str, Any]) -> dict[str, Any]:
+        stop = request.get("stop_conditions") or {}
+        sampling = request.get("sampling_options") or {}
+        out: dict[str, Any] = {
+            "model": self.model, "prompt": list(request["token_ids"]), "stream": True,
+            "stream_options": {"include_usage": True},
+            "max_tokens": stop.get("max_tokens") or 16,
+            "temperature": sampling.get("temperature") or 0.0,
+        }
+        if sampling.get("seed") is not None:
+            out["seed"] = sampling["seed"]
+        return out
+
+    async def generate(self, request: dict[str, Any], context: Any = None
+                       ) -> AsyncIterator[dict[str, Any]]:
+        finish, usage = None, None
+        self.count()
+        async with self.session.post("http://replica/v1/completions",
+                                     json=self.body(request)) as r:
+            if r.status != 200:
+                text = (await r.text())[:300]
+                yield {"token_ids": [], "finish_reason": f"error: replica HTTP {r.status}: {text}"}
+                return
+            async for line in r.content:
+                if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("error"):
+                    yield {"token_ids": [], "finish_reason": f"error: {chunk['error']}"}
+                    return
+                usage = chunk.get("usage") or usage
+                for choice in chunk.get("choices") or ():
+                    finish = choice.get("finish_reason") or finish
+                    if choice.get("text"):
+                        ids = self.tok.encode(choice["text"], add_special_tokens=False).ids
+                        yield {"token_ids": ids}
+        yield {"token_ids": [], "finish_reason": _FINISH.get(finish or "stop", "stop"),
+               "completion_usage": usage}
+
+
+async def main(args: argparse.Namespace) -> None:
+    loop = asyncio.get_running_loop()
+    runtime = DistributedRuntime(loop, "file", "tcp", event_plane="zmq")
+    endpoint = runtime.endpoint(args.endpoint)
+    tokenizer = Tokenizer.from_file(os.path.join(args.model_path, "tokenizer.json"))
+    forward = Forwarder(args.replica_socket, args.model_name, tokenizer, args.served_file)
+    # Created before serving, as Dynamo's own workers do; it subscribes to the relay.
+    publisher = KvEventPublisher(endpoint, kv_block_size=args.block_size,
+                                 zmq_endpoint=args.events, zmq_topic="")
+    await asyncio.gather(
+        endpoint.serve_endpoint(forward.generate),
+        register_model(ModelInput.Tokens, ModelType.Chat | ModelType.Completions, endpoint,
+                       args.model_path, args.model_name, worker_type=WorkerType.Aggregated,
+                       kv_cache_block_size=args.block_size))
+    del publisher
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--replica-socket", required=True)
+    p.add_argument("--events", required=True, help="the replica's KV events (ipc://...)")
+    p.add_argument("--model-path", required=True)
+    p.add_argument("--model-name", required=True)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--served-file", required=True, help="where the request count is kept")
+    p.add_argument("--endpoint", default="dyn://kvroute.backend.generate")
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(parse()))
