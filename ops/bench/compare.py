@@ -61,6 +61,7 @@ ROUTERS = ("kvroute", "round-robin", "sglang-router", "smg", "vllm-router",
 # Token-id prompts on /v1/completions (the trace replay): sglang-router 0.3.2 refuses them
 # (422), smg 1.13 too (400; it takes ids only on its native /generate, not driven here).
 TOKEN_ID_ROUTERS = ("kvroute", "vllm-router", "vllm-router-cache-aware", "dynamo")
+EXACT_PEERS = ("dynamo", "vllm-router")  # route from the replicas' KV events
 SGLANG_POLICY = {"round-robin": "round_robin", "sglang-router": "cache_aware"}
 MODEL = "bench-model"
 __all__ = ["MODEL", "ROUTERS", "CompareSpec", "Subprocess", "free_port", "run_compare"]
@@ -366,6 +367,25 @@ def check_goals(result: dict[str, Any]) -> dict[str, bool]:
         k, s = r["kvroute"]["ttft_s"], r["sglang-router"]["ttft_s"]
         goals["p50_vs_sglang"] = k["p50"] <= 0.8 * s["p50"]
         goals["p99_vs_sglang"] = k["p99"] <= s["p99"]
+    return goals | peer_goals(r)
+
+
+def peer_goals(r: dict[str, Any]) -> dict[str, bool]:
+    """Issue 19's goals against the peers: TTFT p50 <= 0.7x and p99 <= 0.8x the better exact
+    peer (Dynamo kv, vllm-router kv_aware; per percentile), cached ratio within 2 points of
+    the best peer, CPU per request within 2x the cheapest peer (all of them are Rust)."""
+    if "kvroute" not in r or len(r) < 2:
+        return {}
+    k, others = r["kvroute"], [b for n, b in r.items() if n != "kvroute"]
+    goals = {"cached_vs_best_peer": k["cached_token_ratio"] >= max(
+                 b["cached_token_ratio"] for b in others) - 0.02,
+             "cpu_vs_best_peer": k["cpu_s_per_request"] <= 2 * min(
+                 b["cpu_s_per_request"] for b in others)}
+    if exact := [r[n] for n in EXACT_PEERS if n in r]:
+        goals["p50_vs_exact_peer"] = k["ttft_s"]["p50"] <= 0.7 * min(
+            b["ttft_s"]["p50"] for b in exact)
+        goals["p99_vs_exact_peer"] = k["ttft_s"]["p99"] <= 0.8 * min(
+            b["ttft_s"]["p99"] for b in exact)
     return goals
 
 
