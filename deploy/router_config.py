@@ -25,6 +25,14 @@ class LeaseConfig(Strict):
     prior_s: float = Field(30.0, ge=0, description="Lease before a kind has min_samples gaps.")
     min_samples: int = Field(8, ge=1, description="Gaps seen before the learned lease is used.")
     max_s: float = Field(300.0, ge=0, description="Longest lease.")
+    by_ending: bool = Field(
+        True, description="Choose the lease by how the turn ended: a reply with a tool call "
+        "gets the learned pause after tool calls (sent with the request), a final answer "
+        "the learned pause before the user's next task (renewed when the reply ends, by a "
+        "prefill-only request of prompt + reply). Gaps are then learned from each turn's "
+        "end per (kind, ending). Off: one lease per kind, from start-to-start gaps.")
+    tool_prior_s: float = Field(5.0, ge=0, description="by_ending: the lease after a tool "
+                                "call before min_samples such gaps are seen.")
 
 
 class PrewarmConfig(Strict):

@@ -30,6 +30,7 @@ import secrets
 import string
 from typing import Any
 
+from router import telemetry
 from router.reasoning_parsers import Event, Reasoning
 from router.tool_calls import ToolCall
 from workers.protocol import Final, Usage
@@ -166,6 +167,7 @@ class Blocks:
         if self._single and self.tool_calls:
             return []
         self.tool_calls += 1
+        telemetry.current().tool_calls += 1  # the turn ends in a tool call (router.leases)
         out = [self._stop()] if self._open else []
         block = {"type": "tool_use", "id": new_id("toolu_"), "name": call.name, "input": {}}
         out.append(self._start(block))

@@ -87,10 +87,10 @@ class RouterCore:
         self.dispatcher = Dispatcher(
             streaming, self.decider, config.router.max_retries,
             config.router.first_token_timeout_s, self._record_routed, self.remember)
-        self.prewarm = Prewarmer(
-            config.router.prewarm, idx.block_size,
-            serve_sender(streaming, self.on_final, self._record_routed),
-            idx.redis_url, idx.namespace, timeout_s=idx.timeout_s)
+        # prefill-only requests to one replica: pre-warm, and lease renewals
+        self._send_to = serve_sender(streaming, self.on_final, self._record_routed)
+        self.prewarm = Prewarmer(config.router.prewarm, idx.block_size, self._send_to,
+                                 idx.redis_url, idx.namespace, timeout_s=idx.timeout_s)
         self._known: dict[str, set[str]] = {}
         self._ticks = 0
         self.router_id = ""  # this router replica, for the x-kvroute-router header
@@ -188,7 +188,31 @@ class RouterCore:
         info.model, info.replica = gen.model, gen.replica
         if req.session_id:
             self._spawn(self.index.record_session(req.session_id, gen.model, gen.replica))
+            if lease_s > 0 and self.gaps.config.by_ending:
+                info.on_end = functools.partial(self._turn_ended, gen, lease_s)
         return gen
+
+    def _turn_ended(self, gen: Generation, sent_lease_s: float,
+                    info: telemetry.RequestInfo) -> None:
+        """A session's turn ended (its whole reply went out): a final answer's pause is
+        longer than the tool pause its request was leased for, so renew the lease on its
+        replica with a prefill-only request of prompt + reply (``router.leases``)."""
+        req = gen.request
+        if gen.final is None or req is None or not req.session_id:
+            return
+        lease_s = self.gaps.ended(req.session_id, self.monotonic(), info.tool_calls > 0)
+        if lease_s <= sent_lease_s:
+            return
+        work = WorkRequest(f"{req.request_id}-lease", req.token_ids + gen.sent,
+                           SamplingParams(max_tokens=1), cache_salt=req.tenant, lease_s=lease_s)
+        self._spawn(self._renew(gen.model, gen.replica, work))
+
+    async def _renew(self, model: str, replica: str, work: WorkRequest) -> None:
+        try:
+            if await self._send_to(model, replica, work, ()):
+                metrics.LEASE_RENEWALS.labels(model).inc()
+        except Exception as e:  # a lost renewal costs at most a hit
+            log.debug("lease renewal on %s failed: %r", replica, e)
 
     def _generation(self, run: Started, req: RouteRequest,
                     info: telemetry.RequestInfo) -> Generation:
@@ -268,7 +292,8 @@ class RouterCore:
         if not ranked:
             raise err
         metrics.RESUMES.labels(gen.model).inc()
-        lease_s = self.gaps.lease_s(session_kind(req.session_id)) if req.session_id else 0.0
+        lease_s = self.gaps.start_lease(session_kind(req.session_id)) if req.session_id \
+            else 0.0
         work = WorkRequest(req.request_id, ids, sampling, cache_salt=req.tenant, lease_s=lease_s)
         return gen.adopt(await self.dispatcher.dispatch(ranked, ctx, work, gen._info))
 

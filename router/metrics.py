@@ -51,6 +51,9 @@ INDEX_ERRORS = Counter("kvroute_index_errors", "Prefix index calls that failed",
                        registry=REGISTRY)
 RETRIES = Counter("kvroute_retries", "Dispatches retried on another replica", ["model"],
                   registry=REGISTRY)
+LEASE_RENEWALS = Counter("kvroute_lease_renewals", "Final answers whose session KV was "
+                         "leased again for the user's pause (router.leases)", ["model"],
+                         registry=REGISTRY)
 PREWARM = Counter("kvroute_prewarm_requests", "Prefill-only requests sent to warm new "
                   "replicas, by outcome (ok, failed)", ["model", "outcome"], registry=REGISTRY)
 RESUMES = Counter("kvroute_resumed_streams", "Streams cut by a failed replica and resumed "

@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse, Response
 from router import http_util as hu
 from router import openai_api as oa
 from router import reasoning_parsers as rp
+from router import telemetry
 from router import tool_calls as tc
 from router.auth import ApiKeyConfig
 from router.core import Generation, RouterCore
@@ -99,6 +100,7 @@ class _Output:
         if self.single and self.calls:
             return None
         self.calls.append(ev)
+        telemetry.current().tool_calls += 1  # the turn ends in a tool call (router.leases)
         return {"tool_calls": [oa.tool_call(ev, len(self.calls) - 1)]}
 
 

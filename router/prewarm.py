@@ -235,7 +235,8 @@ def serve_sender(handles: Mapping[str, Any], on_final: Callable[[str, Final], No
                 if isinstance(msg, Final):
                     ended = True
                     on_final(model, msg)
-                    record_routed(model, replica, list(hashes))
+                    if hashes:
+                        record_routed(model, replica, list(hashes))
                     return msg.finish_reason != "abort"
             ended = True
             return False

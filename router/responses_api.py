@@ -28,6 +28,7 @@ import time
 import uuid
 from typing import Any
 
+from router import telemetry
 from router.reasoning_parsers import Event, Reasoning
 from router.reasoning_parsers.controls import with_past_reasoning
 from router.responses_schema import ResponsesRequest
@@ -195,6 +196,7 @@ class Output:
         if self.single and self.calls:
             return []
         self.calls += 1
+        telemetry.current().tool_calls += 1  # the turn ends in a tool call (router.leases)
         out = self._close_text()
         index, call_id = len(self.items), f"call_{uuid.uuid4().hex[:24]}"
         ref = self.catalog.ref(call.name)

@@ -14,6 +14,7 @@ import contextvars
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,8 @@ class RequestInfo:
     key_label: str = "unauthenticated"  # what the per-key metrics say (bounded by config)
     replica: str = ""
     request_id: str = ""
+    tool_calls: int = 0  # tool calls in the reply (the API layers count them)
+    on_end: Callable[[RequestInfo], None] | None = None  # a turn's end (router.leases)
 
 
 CURRENT: contextvars.ContextVar[RequestInfo | None] = contextvars.ContextVar(
@@ -89,6 +92,11 @@ def _finish(info: RequestInfo, status: int, route: str) -> None:
     if not info.model:
         return  # rejected before a model was known: counted by status only
     metrics.REQUESTS.labels(info.model, outcome).inc()
+    if info.on_end is not None and outcome == "ok":
+        try:
+            info.on_end(info)
+        except Exception:  # what follows a turn must never break its accounting
+            logging.getLogger(__name__).exception("turn end hook")
     metrics.E2E.labels(info.model).observe(now - info.started)
     if info.first_token_at is not None:
         metrics.TTFT.labels(info.model).observe(info.first_token_at - info.started)

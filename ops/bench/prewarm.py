@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import time
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import httpx
@@ -31,7 +33,7 @@ from ops.bench.workloads import AgentParams, AgentWorkload
 MODEL = "prewarm-model"
 
 
-def build_config(model_path: str, redis_url: str, port: int, prewarm: bool,
+def build_config(model_path: str, redis_url: str, port: int, *, prewarm: bool,
                  sim: dict[str, float]) -> Any:
     from deploy.config import (
         AutoscalingConfig,
@@ -104,44 +106,58 @@ async def _measure(url: str, params: AgentParams, duration_s: float, concurrency
     return records, seen
 
 
-def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+def local_runs(configs: Sequence[Callable[[str, int], Any]],
+               measure: Callable[[str], Any]) -> Iterator[Any]:
+    """Each config (built from the redis URL and the proxy port) deployed in turn on one
+    local Ray with one throwaway redis-server (flushed per run), ``measure(url)`` run
+    against it, the app deleted; yields each measure's result as it ends."""
     import redis
     from ray import serve
 
     from deploy import runtime
     from ops.bench.compare import free_port
-    from ops.tiny_model import ensure_model
 
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     os.environ.setdefault("RAY_SERVE_LOG_TO_STDERR", "0")
-    sim = {"kv_blocks": args.kv_blocks, "prefill_tok_s": args.prefill_tok_s,
-           "tpot_s": args.tpot_s}
-    params = AgentParams(seed=args.seed, compact_tokens=20000)
     port = free_port()
-    out = []
     with redis_server() as redis_url:
         runtime.init_ray("127.0.0.1", num_cpus=6)
         try:
-            for _ in range(args.rounds):
-                for prewarm in (True, False):
-                    redis.Redis.from_url(redis_url).flushall()
-                    cfg = build_config(str(ensure_model()), redis_url, port, prewarm, sim)
-                    url = runtime.deploy(cfg)
-                    try:
-                        runtime.wait_healthy(url, timeout_s=300)
-                        t0 = time.monotonic()
-                        records, seen = asyncio.run(_measure(url, params, args.duration,
-                                                             args.concurrency))
-                    finally:
-                        serve.delete(runtime.APP_NAME)
-                    row = {"prewarm": prewarm, "requests": len(records),
-                           "errors": sum(not r.ok for r in records),
-                           "wall_s": round(time.monotonic() - t0, 1),
-                           **window_figures(records, seen, args.window)}
-                    print(row, flush=True)
-                    out.append(row)
+            for build in configs:
+                redis.Redis.from_url(redis_url).flushall()
+                url = runtime.deploy(build(redis_url, port))
+                try:
+                    runtime.wait_healthy(url, timeout_s=300)
+                    result = measure(url)
+                finally:
+                    serve.delete(runtime.APP_NAME)
+                yield result
         finally:
             runtime.shutdown()
+
+
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from ops.tiny_model import ensure_model
+
+    sim = {"kv_blocks": args.kv_blocks, "prefill_tok_s": args.prefill_tok_s,
+           "tpot_s": args.tpot_s}
+    params = AgentParams(seed=args.seed, compact_tokens=20000)
+    path = str(ensure_model())
+    order = [on for _ in range(args.rounds) for on in (True, False)]
+    builds = [functools.partial(build_config, path, prewarm=on, sim=sim) for on in order]
+
+    def measure(url: str) -> tuple[list[Record], dict[str, float], float]:
+        t0 = time.monotonic()
+        records, seen = asyncio.run(_measure(url, params, args.duration, args.concurrency))
+        return records, seen, time.monotonic() - t0
+
+    out = []
+    for on, (records, seen, wall) in zip(order, local_runs(builds, measure), strict=True):
+        row = {"prewarm": on, "requests": len(records),
+               "errors": sum(not r.ok for r in records), "wall_s": round(wall, 1),
+               **window_figures(records, seen, args.window)}
+        print(row, flush=True)
+        out.append(row)
     return out
 
 

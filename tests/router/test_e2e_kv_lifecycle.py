@@ -77,7 +77,10 @@ def _words(tag: str, n: int) -> str:
 def test_a_leased_session_prefix_stays_on_the_device(stack: str) -> None:
     session = f"agent-{uuid.uuid4().hex}"
     leased, plain = _words("l", 300), _words("p", 150)  # ~17 and ~8 blocks
-    _ask(stack, leased, session=session)  # its lease: the prior, 30 s; 48 blocks may lease
+    renewed = counter(stack, "kvroute_lease_renewals_total")
+    # sent with the tool-pause prior (5 s); no tool call, so the reply's end renews it with
+    # the user-pause prior (30 s) by a prefill-only request; 48 blocks may lease
+    _ask(stack, leased, session=session)
     _ask(stack, plain)
     for k in range(4):  # 4 x ~15 blocks: more than the 47 unleased slots hold
         _ask(stack, _words(f"q{k}x", 150))
@@ -87,4 +90,5 @@ def test_a_leased_session_prefix_stays_on_the_device(stack: str) -> None:
     assert counter(stack, "kvroute_host_cached_tokens_total") == host_before  # device hit
     _, other = _ask(stack, plain)
     assert other["prompt_tokens_details"]["cached_tokens"] >= 7 * 64
+    assert counter(stack, "kvroute_lease_renewals_total") == renewed + 2  # both turns
     assert counter(stack, "kvroute_host_cached_tokens_total") > host_before  # from host

@@ -95,3 +95,34 @@ def test_openai_responses(stack: str, family: str, stream: bool) -> None:
     calls = [(o.name, json.loads(o.arguments)) for o in resp.output if o.type == "function_call"]
     assert calls == [("get_weather", ARGS)]
     _clean_text(family, resp.output_text)
+
+
+def test_a_turn_ending_in_a_tool_call_keeps_its_short_lease(stack: str) -> None:
+    """router.leases by_ending: a reply with a tool call (each API counts it) keeps the
+    lease its request was sent with; a final answer is renewed with the user-pause one."""
+    import httpx
+
+    from tests.stacks import counter
+
+    tool = {"name": "get_weather", "description": DESCRIPTION}
+    bodies = {
+        "/v1/chat/completions": {"messages": [{"role": "user", "content": ASK}],
+                                 "tools": [{"type": "function",
+                                            "function": {**tool, "parameters": PARAMS}}]},
+        "/v1/messages": {"max_tokens": 256, "messages": [{"role": "user", "content": ASK}],
+                         "tools": [{**tool, "input_schema": PARAMS}]},
+        "/v1/responses": {"input": ASK, "tools": [{"type": "function", **tool,
+                                                    "parameters": PARAMS}]},
+    }
+    before = counter(stack, "kvroute_lease_renewals_total")
+    for path, body in bodies.items():
+        r = httpx.post(f"{stack}{path}", json={"model": "hermes", **body}, timeout=60,
+                       headers={"x-session-id": f"lease-{path}"})
+        assert r.status_code == 200 and "get_weather" in r.text, r.text
+    assert counter(stack, "kvroute_lease_renewals_total") == before
+    r = httpx.post(f"{stack}/v1/chat/completions", timeout=60,
+                   headers={"x-session-id": "lease-final"},
+                   json={"model": "hermes", "max_tokens": 8,
+                         "messages": [{"role": "user", "content": "Just say hi."}]})
+    assert r.status_code == 200, r.text
+    assert counter(stack, "kvroute_lease_renewals_total") == before + 1
