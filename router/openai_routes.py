@@ -39,9 +39,13 @@ log = logging.getLogger(__name__)
 
 
 def list_models(core: RouterCore) -> dict[str, Any]:
-    names = [*core.models, *(g.name for g in core.config.groups)]
-    data = [{"id": name, "object": "model", "owned_by": "kvroute", "created": 0}
-            for name in names]
+    """Models and groups. ``max_model_len`` (vLLM's and SGLang's field, which agent clients
+    read to size their context) is the context window; a group's is its smallest member's,
+    since any member may serve it."""
+    windows = {name: m.context_window for name, m in core.models.items()}
+    windows |= {g.name: min(windows[m.model] for m in g.models) for g in core.config.groups}
+    data = [{"id": name, "object": "model", "owned_by": "kvroute", "created": 0,
+             "max_model_len": window} for name, window in windows.items()]
     return {"object": "list", "data": data}
 
 

@@ -22,7 +22,8 @@ def stack(ray_local: None, tiny_model_dir: Path, serve_port: int) -> Iterator[st
     big = sim_model("big", tiny_model_dir, max_ongoing_requests=1)
     coder = ModelGroup(name="coder", models=[GroupMember(model="big", weight=1.0),
                                              GroupMember(model="small", weight=0.6)])
-    cfg = stack_config(serve_port, big, sim_model("small", tiny_model_dir), groups=[coder])
+    small = sim_model("small", tiny_model_dir, context_window=8192)
+    cfg = stack_config(serve_port, big, small, groups=[coder])
     with deployed(cfg) as url:
         yield url
 
@@ -35,9 +36,12 @@ def _chat(url: str, model: str, text: str, session: str | None = None) -> httpx.
     return r
 
 
-def test_group_is_listed(stack: str) -> None:
-    ids = {m["id"] for m in httpx.get(f"{stack}/v1/models").json()["data"]}
-    assert ids == {"big", "small", "coder"}
+def test_group_is_listed_with_context_windows(stack: str) -> None:
+    listed = httpx.get(f"{stack}/v1/models").json()["data"]
+    # max_model_len: the model's context_window; a group's, its smallest member's
+    assert {m["id"]: m["max_model_len"] for m in listed} == {
+        "big": 32768, "small": 8192, "coder": 8192}
+    assert all(m["object"] == "model" and m["owned_by"] == "kvroute" for m in listed)
 
 
 def test_idle_group_prefers_its_first_model(stack: str) -> None:
