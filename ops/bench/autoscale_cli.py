@@ -34,7 +34,14 @@ def add_arguments(a: argparse.ArgumentParser) -> None:
                    "list: one run each)")
     a.add_argument("--upscale-delay", type=float, default=d.upscale_delay_s)
     a.add_argument("--downscale-delay", type=float, default=d.downscale_delay_s)
-    a.add_argument("--prefill-tok-s", type=float, default=d.sim["prefill_tok_s"])
+    a.add_argument("--prefill-tok-s", type=float, default=d.sim["prefill_tok_s"],
+                   help="the emulated prefill rate of each replica: set it low (e.g. 400) "
+                   "with short replies (--agent reply_tokens=16) for a sleep-bound run, where "
+                   "a replica's capacity is emulated time, not the machine's CPU")
+    a.add_argument("--tpot-ms", type=float, default=1000 * d.sim["tpot_s"],
+                   help="the emulated decode step at batch 1 (ms)")
+    a.add_argument("--startup", type=float, default=d.startup_s,
+                   help="kvroute policy: a new replica's start-up time until one is measured")
     a.add_argument("--seed", type=int, default=d.seed)
     a.add_argument("--agent", action="append", default=[], metavar="KEY=VALUE",
                    help="override an AgentParams field (ops.bench.workloads), repeatable")
@@ -53,9 +60,9 @@ def run(args: argparse.Namespace) -> int:
         speedup=args.speedup, sample=args.sample, sessions=args.sessions,
         ttft_target_s=args.ttft_target, min_replicas=args.min_replicas,
         max_replicas=args.max_replicas, upscale_delay_s=args.upscale_delay,
-        downscale_delay_s=args.downscale_delay, seed=args.seed,
+        downscale_delay_s=args.downscale_delay, seed=args.seed, startup_s=args.startup,
         agent=override_params(d.agent, args.seed, args.agent),
-        sim={**d.sim, "prefill_tok_s": args.prefill_tok_s})
+        sim={**d.sim, "prefill_tok_s": args.prefill_tok_s, "tpot_s": args.tpot_ms / 1000})
     specs = [replace(base, policy=p, target_ongoing_requests=float(t))
              for p in args.policy.split(",")
              for t in (args.target_ongoing.split(",") if p == "serve-default" else ["2"])]
@@ -79,8 +86,10 @@ def run(args: argparse.Namespace) -> int:
     for name, b in runs.items():
         print(f"{name}: replica-seconds {b['replica_seconds']:.0f}  SLO attainment "
               f"{100 * b['slo_attainment']:.1f}% (TTFT <= {b['ttft_target_s']:g} s)  peak "
-              f"{b['peak_replicas']} replicas  scale-downs lost {b['scale_down_lost_blocks']} "
-              f"cached blocks (stopping the least-used: {b['scale_down_least_lost_blocks']})")
+              f"{b['peak_replicas']} replicas  machine CPU busy {100 * b['cpu_busy_mean']:.0f}% "
+              f"(p90 {100 * b['cpu_busy_p90']:.0f}%)  scale-downs lost "
+              f"{b['scale_down_lost_blocks']} cached blocks (stopping the least-used: "
+              f"{b['scale_down_least_lost_blocks']})")
     for other in args.others:
         b = json.loads(other.read_text())
         runs.setdefault(b["policy"], b)

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import aiohttp
+import numpy as np
 
 from cache_service import RedisPrefixIndex
 
@@ -68,6 +69,7 @@ class Watch:
     index_s: float = 1.0
     t0: float = field(default_factory=time.monotonic)
     replicas: list[tuple[float, int, int]] = field(default_factory=list)  # t, running, total
+    cpu_busy: list[float] = field(default_factory=list)  # the machine's, all cores, 0..1
     scale_downs: list[ScaleDown] = field(default_factory=list)
     _holdings: dict[str, set[int]] = field(default_factory=dict)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
@@ -88,10 +90,14 @@ class Watch:
             return True
 
     async def _replica_loop(self) -> None:
+        import psutil
+
         from deploy.console import serve_replica_states
 
+        psutil.cpu_percent(None)  # the first call only starts the interval
         while True:
             states = await asyncio.to_thread(serve_replica_states, self.app)
+            self.cpu_busy.append(psutil.cpu_percent(None) / 100)
             running, total = _count_replicas(states.get(self.model, {}))
             self.replicas.append((time.monotonic() - self.t0, running, total))
             if not await self._sleep(self.period_s):
@@ -134,7 +140,12 @@ class Watch:
         return total
 
     def summary(self) -> dict[str, Any]:
+        cpu = self.cpu_busy or [0.0]
         return {
+            # the whole machine's (other users included): whether CPU, not the emulated
+            # prefill, could have bounded TTFT (docs/deploy.md, "sleep-bound")
+            "cpu_busy_mean": float(np.mean(cpu)),
+            "cpu_busy_p90": float(np.percentile(cpu, 90)),
             "replicas_over_time": [[round(t, 2), r, n] for t, r, n in self.replicas],
             "scale_downs": [asdict(s) for s in self.scale_downs],
             "scale_down_lost_blocks": sum(s.lost_blocks for s in self.scale_downs),

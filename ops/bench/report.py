@@ -276,16 +276,23 @@ def plot_cpu(benches: Mapping[str, Mapping[str, Any]], path: str | Path, title: 
 def markdown_autoscale(runs: Mapping[str, Mapping[str, Any]]) -> str:
     """``bench autoscale`` runs as one markdown table."""
     lines = ["| run | requests | errors | TTFT p50 | p90 | p99 (s) | within target | "
-             "replica-s | peak | cache lost at scale-down (least possible), blocks |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "replica-s | peak | cache lost at scale-down (least possible), blocks | "
+             "machine CPU busy, mean (p90) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, b in runs.items():
         t = b["ttft_s"]
         lines.append(
             f"| {name} | {b['requests']} | {b['errors']} | {t['p50']:.2f} | {t['p90']:.2f} | "
             f"{t['p99']:.2f} | {100 * b['slo_attainment']:.1f}% | {b['replica_seconds']:.0f} | "
             f"{b['peak_replicas']} | {b['scale_down_lost_blocks']} "
-            f"({b['scale_down_least_lost_blocks']}) |")
+            f"({b['scale_down_least_lost_blocks']}) | {_cpu_cell(b)} |")
     return "\n".join(lines) + "\n"
+
+
+def _cpu_cell(bench: Mapping[str, Any]) -> str:
+    if "cpu_busy_mean" not in bench:  # runs from before it was sampled
+        return "-"
+    return f"{100 * bench['cpu_busy_mean']:.0f}% ({100 * bench['cpu_busy_p90']:.0f}%)"
 
 
 def plot_autoscale(runs: Mapping[str, Mapping[str, Any]], path: str | Path) -> Path:

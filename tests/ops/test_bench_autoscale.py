@@ -59,6 +59,9 @@ def test_replica_seconds_integrate_the_samples() -> None:
     w.replicas = [(0.0, 1, 1), (10.0, 1, 3), (20.0, 3, 3), (30.0, 1, 1)]
     assert w.replica_seconds(25.0) == pytest.approx(10 * 1 + 10 * 3 + 5 * 3)
     assert w.replica_seconds(40.0) == pytest.approx(10 + 30 + 30 + 10)
+    w.cpu_busy = [0.2, 0.4, 0.9, 0.3]
+    assert (w.summary()["cpu_busy_mean"], w.summary()["cpu_busy_p90"]) == pytest.approx(
+        (0.45, 0.75))
 
 
 def test_scale_down_cost_counts_blocks_only_the_stopped_replicas_held() -> None:
