@@ -54,8 +54,8 @@ def _spread(max_per_node: int | None) -> dict[str, Any]:
     return {} if max_per_node is None else {"max_replicas_per_node": max_per_node}
 
 
-def build_worker(m: ModelConfig, index: IndexConfig, direct_token: str | None = None
-                 ) -> Application:
+def build_worker(m: ModelConfig, index: IndexConfig, direct_token: str | None = None,
+                 stream_token: str | None = None) -> Application:
     deployment = serve.deployment(ModelWorker).options(
         name=m.name,
         max_ongoing_requests=m.max_ongoing_requests,
@@ -73,7 +73,7 @@ def build_worker(m: ModelConfig, index: IndexConfig, direct_token: str | None = 
     # The benchmark-only direct endpoint comes in as a class, so workers never import router.
     direct = DirectHttp if m.direct_http else None
     return deployment.bind(m.model_dump(), index.model_dump(), direct,
-                           direct_token if m.direct_http else None)
+                           direct_token if m.direct_http else None, stream_token)
 
 
 def _actor_options(num_cpus: float, num_gpus: float = 0.0) -> dict[str, Any]:
@@ -97,7 +97,9 @@ def build_app(config: KvrouteConfig) -> Application:
     # direct_http endpoints (benchmarks) need this random token; never logged, readable by
     # key holders in /kvroute/replicas so benchmark tools can call them (docs/reliability.md).
     token = secrets.token_urlsafe(32) if any(m.direct_http for m in config.models) else None
-    workers = {m.name: build_worker(m, config.index, token) for m in config.models}
+    # router.stream_transport: loopback: workers take router connections with this token
+    stream = secrets.token_urlsafe(32) if config.router.stream_transport == "loopback" else None
+    workers = {m.name: build_worker(m, config.index, token, stream) for m in config.models}
     hub = serve.deployment(MetricsHub).options(
         name=METRICS_DEPLOYMENT, num_replicas=1, ray_actor_options={"num_cpus": 0},
         # every router replica pushes once a second: no access-log line per push
@@ -111,7 +113,7 @@ def build_app(config: KvrouteConfig) -> Application:
         ray_actor_options=_actor_options(config.router.num_cpus),
         **_spread(config.router.max_replicas_per_node),
     )
-    return ingress.bind(config.model_dump(), workers, hub, token)
+    return ingress.bind(config.model_dump(), workers, hub, token, stream)
 
 
 def app_builder(args: dict[str, Any]) -> Application:

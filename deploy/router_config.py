@@ -103,6 +103,11 @@ class RouterConfig(Strict):
         "grpc", description="How the router streams from workers: Serve's direct gRPC data "
         "plane (about half the per-call latency) or Ray actor calls (Serve's default).",
     )
+    stream_transport: Literal["serve", "loopback"] = Field(
+        "loopback", description="How token chunks after the first reach a router from a "
+        "replica on its node: a Serve stream message each, or one loopback TCP connection "
+        "per request (workers.loopback; start, errors and cancel stay on Serve).",
+    )
     prompt_cache: PromptCacheConfig = Field(
         default_factory=PromptCacheConfig, description="Incremental tokenization.")
     leases: LeaseConfig = Field(default_factory=LeaseConfig,

@@ -33,6 +33,7 @@ from router.errors import ApiError
 from router.generation import Generation
 from router.leases import SessionGaps, session_kind
 from router.load import LoadTracker
+from router.loopback_stream import Loopback
 from router.prewarm import Prewarmer, serve_sender
 from router.ratelimit import RateLimiter, store_url
 from router.selection import (
@@ -51,7 +52,8 @@ _VIEW_WAIT_S = 10.0
 
 
 class RouterCore:
-    def __init__(self, config: KvrouteConfig, handles: Mapping[str, DeploymentHandle]) -> None:
+    def __init__(self, config: KvrouteConfig, handles: Mapping[str, DeploymentHandle],
+                 loopback: Loopback | None = None) -> None:
         self.config = config
         self.models: dict[str, ModelConfig] = {m.name: m for m in config.models}
         cache = with_redis(config.router.prompt_cache, config.index)
@@ -86,7 +88,7 @@ class RouterCore:
         self.gaps = SessionGaps(config.router.leases)
         self.dispatcher = Dispatcher(
             streaming, self.decider, config.router.max_retries,
-            config.router.first_token_timeout_s, self._record_routed, self.remember)
+            config.router.first_token_timeout_s, self._record_routed, self.remember, loopback)
         # prefill-only requests to one replica: pre-warm, and lease renewals
         self._send_to = serve_sender(streaming, self.on_final, self._record_routed)
         self.prewarm = Prewarmer(config.router.prewarm, idx.block_size, self._send_to,

@@ -9,6 +9,11 @@ is the one the load view and the generation record.
 
 A client that leaves while the request waits for its first message (queued, or
 prefilling) cancels it: the worker request is cancelled, and the load ticket ends.
+
+With ``loopback`` (``router.stream_transport: loopback``) a replica on this router's node
+answers with a ``Handoff``: the stream goes on over its loopback socket
+(``router.loopback_stream``); a replica that cannot be reached there counts as failed
+before its first message (retried).
 """
 
 from __future__ import annotations
@@ -28,8 +33,9 @@ from router.context import Candidate, RequestContext
 from router.decision import Decider
 from router.errors import ApiError
 from router.load import Ticket
+from router.loopback_stream import Loopback, LoopbackStream
 from router.request_router import RANK_KWARG
-from workers.protocol import Rejected, WorkerMessage, WorkRequest
+from workers.protocol import Handoff, Rejected, WorkerMessage, WorkRequest
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +59,11 @@ class Dispatcher:
     def __init__(self, handles: Mapping[str, Any], decider: Decider, max_retries: int,
                  first_token_timeout_s: float,
                  record_routed: Callable[[str, str, list[int]], None],
-                 remember: Callable[[str, str], None]) -> None:
+                 remember: Callable[[str, str], None], loopback: Loopback | None = None
+                 ) -> None:
         self.handles, self.decider, self.loads = handles, decider, decider.loads
+        self.loopback = loopback
+        self._node = loopback.node if loopback is not None else None
         self.max_retries, self.timeout_s = max_retries, first_token_timeout_s
         self._record_routed, self._remember = record_routed, remember
 
@@ -62,7 +71,8 @@ class Dispatcher:
                        info: telemetry.RequestInfo) -> Started:
         failed: set[tuple[str, str]] = set()
         with telemetry.TRACER.start_as_current_span("dispatch") as span:
-            work = dataclasses.replace(work, trace=tracing.inject())  # worker spans join it
+            work = dataclasses.replace(work, trace=tracing.inject(),  # worker spans join it
+                                       loopback_node=self._node)
             for attempt in range(self.max_retries + 1):
                 left = [c for c in ranked if (c.model, c.replica) not in failed] or ranked
                 model = left[0].model  # the best pair's model, with its replicas in rank order
@@ -117,9 +127,30 @@ class Dispatcher:
         if isinstance(first, Rejected):  # the engine refused the input: no replica would take it
             self.loads.end(ticket)
             raise ApiError(first.status, first.message, "engine_rejected")
+        if isinstance(first, Handoff):
+            stream = await self._take_over(first, stream, ticket)
+            if stream is None:
+                return None
+            first = first.first
         if first.replica != target.replica:  # Serve's router moved it (target full or gone)
             self.loads.end(ticket)
             target = next((c for c in order if c.replica == first.replica),
                           Candidate(model, first.replica))
             ticket = self.decider.begin(ctx, target)
         return Started(model, target, first, stream, ticket)
+
+    async def _take_over(self, handoff: Handoff, stream: Any, ticket: Ticket
+                         ) -> LoopbackStream | None:
+        """The replica's loopback stream; None (retry) if it cannot be reached."""
+        assert self.loopback is not None
+        try:
+            return await LoopbackStream.open(handoff, stream, self.loopback.token)
+        except (OSError, TimeoutError) as e:
+            log.warning("replica %s: loopback stream unreachable: %r", handoff.replica, e)
+            stream.cancel()
+            self.loads.end(ticket)
+            return None
+        except BaseException:  # the client left while connecting
+            stream.cancel()
+            self.loads.end(ticket)
+            raise

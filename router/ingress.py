@@ -29,6 +29,7 @@ from router.auth import exposure_warning
 from router.client_guard import ClientGuardMiddleware
 from router.core import RouterCore
 from router.errors import ApiError, error_response
+from router.loopback_stream import Loopback
 from router.metrics_hub import MetricsCache, push_metrics
 from router.openapi import kvroute_openapi
 from router.response_store import ResponseStore
@@ -87,6 +88,7 @@ class Ingress:
     async def __init__(
         self, config: dict[str, Any], handles: dict[str, DeploymentHandle],
         metrics_hub: DeploymentHandle | None = None, direct_token: str | None = None,
+        stream_token: str | None = None,
     ) -> None:
         setup_tracing("kvroute-router")
         cfg = KvrouteConfig.model_validate(config)  # the Redis URL from this process's env:
@@ -97,7 +99,9 @@ class Ingress:
         self._direct_token = direct_token  # workers' direct_http token (benchmarks)
         self._replica = serve.get_replica_context().replica_id.unique_id
         self._metrics = MetricsCache(metrics_hub, self._replica)
-        self._core = RouterCore(self._config, handles)
+        loopback = None if stream_token is None else \
+            Loopback(ray.get_runtime_context().get_node_id(), stream_token)
+        self._core = RouterCore(self._config, handles, loopback)
         self._core.router_id = self._replica
         cfg = self._config
         self._responses = ResponseStore.from_url(

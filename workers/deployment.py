@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import ray
@@ -21,12 +21,15 @@ from cache_service import index_from_config
 from deploy.config import IndexConfig, ModelConfig
 from deploy.tracing import setup_tracing, shutdown_tracing
 from workers.engines import make_engine
+from workers.loopback import LoopbackServer
 from workers.protocol import (
     AutoscalingStats,
     Chunk,
+    EngineError,
     Final,
     Finished,
     GenerateRequest,
+    Handoff,
     Rejected,
     TokenChunk,
     WorkerMessage,
@@ -61,7 +64,8 @@ DirectFactory = Callable[[str, str, Callable[[WorkRequest], AsyncIterator[Worker
 class ModelWorker:
     async def __init__(self, model: dict[str, Any], index: dict[str, Any],
                        direct_http: DirectFactory | None = None,
-                       direct_token: str | None = None) -> None:
+                       direct_token: str | None = None,
+                       stream_token: str | None = None) -> None:
         setup_tracing("kvroute-worker")
         self._cfg = ModelConfig.model_validate(model)
         idx = IndexConfig.model_validate(index).resolved()  # redis_url_env: this process's env
@@ -70,6 +74,7 @@ class ModelWorker:
         self._engine = make_engine(self._cfg, self._replica, idx.block_size)
         self._ids = itertools.count()  # engine request ids (_engine_id)
         self._started = 0  # requests begun, for the autoscaler's work per request
+        self._handoffs = 0  # streams sent over the loopback socket (reported in load())
         await self._engine.start()
         self._publisher: IndexPublisher | None = None
         if idx.redis_url:
@@ -78,6 +83,10 @@ class ModelWorker:
                                              idx.publish_flush_s, idx.heartbeat_s)
             self._publisher.start()
         self._kv_events = self._vllm_events(idx.block_size)
+        self._loopback: LoopbackServer | None = None
+        if stream_token is not None:  # router.stream_transport: loopback
+            self._loopback = LoopbackServer(stream_token)
+            await self._loopback.start()
         self._direct: DirectEndpoint | None = None
         if direct_http is not None:
             self._direct = direct_http(self._cfg.name, self._cfg.model_path, self.generate,
@@ -98,7 +107,7 @@ class ModelWorker:
 
     async def generate(
         self, request: WorkRequest, kvroute_rank: list[str] | None = None
-    ) -> AsyncIterator[WorkerMessage]:
+    ) -> AsyncIterator[WorkerMessage | Handoff]:
         """Stream one generation. ``kvroute_rank`` is consumed by the request router."""
         req = GenerateRequest(self._engine_id(request.request_id), request.token_ids,
                               request.sampling, request.cache_salt, request.lease_s)
@@ -108,9 +117,18 @@ class ModelWorker:
             "gen_ai.usage.input_tokens": len(req.token_ids),
         })
         final: Final | None = None
+        items = self._guarded(req)
+        relay: AsyncGenerator[Handoff | Final, None] | None = None
+        loopback = self._loopback if request.loopback_node == self._node else None
         try:
-            async for item in self._guarded(req):
+            async for item in items:
                 spans.first_token()
+                if isinstance(item, TokenChunk) and loopback is not None:
+                    relay = self._relay(loopback, item, items)
+                    async for msg in relay:
+                        final = msg if isinstance(msg, Final) else None
+                        yield msg
+                    break
                 if isinstance(item, Finished):
                     final = self._final(item)
                     yield final
@@ -119,15 +137,36 @@ class ModelWorker:
                 else:
                     yield item
         finally:
+            if relay is not None:
+                await relay.aclose()  # its slot goes, its socket closes
+            await items.aclose()  # the client left (Serve's cancel): the engine aborts
             spans.finish(final.usage if final else None, error=final is None)
+
+    async def _relay(self, loopback: LoopbackServer, first: TokenChunk,
+                     items: AsyncIterator[TokenChunk | Finished | Rejected]
+                     ) -> AsyncIterator[Handoff | Final]:
+        """The first chunk as a ``Handoff``, the next ones over the router's loopback
+        connection (``workers.loopback``), then the ``Final`` here on the Serve stream."""
+        key = loopback.open()
+        self._handoffs += 1
+        try:
+            yield Handoff(self._replica, Chunk(self._replica, first.text, first.token_ids),
+                          loopback.address or "", key)
+            writer = await loopback.claim(key)
+        finally:
+            loopback.drop(key)
+        last = await loopback.pump(writer, items)
+        if not isinstance(last, Finished):  # None: the engine ended without finishing
+            raise EngineError(f"stream of {self._replica} ended without a final message")
+        yield self._final(last)
 
     def _engine_id(self, request_id: str) -> str:
         """The router's id (the client's ``x-request-id`` when it sent one) made unique on
         this engine: clients reuse ids, and an engine refuses an id that is still running."""
         return f"{request_id}#{next(self._ids)}"
 
-    async def _guarded(self, req: GenerateRequest) -> AsyncIterator[TokenChunk | Finished
-                                                                    | Rejected]:
+    async def _guarded(self, req: GenerateRequest) -> AsyncGenerator[
+            TokenChunk | Finished | Rejected, None]:
         """The engine's stream; input it refuses becomes a ``Rejected``, not a crash."""
         try:
             async for item in self._engine.generate(req):
@@ -147,6 +186,7 @@ class ModelWorker:
             "node": self._node,
             "http": self._direct.address if self._direct else None,
             "kv_events": self._kv_events.endpoint if self._kv_events else None,
+            "loopback_streams": self._handoffs,
             **stats.routing_stats(),
         }
 
@@ -161,6 +201,8 @@ class ModelWorker:
         await self._engine.check_health()
 
     async def __del__(self) -> None:
+        if self._loopback is not None:
+            await self._loopback.stop()
         if self._direct is not None:
             await self._direct.stop()
         if self._publisher is not None:

@@ -17,6 +17,7 @@ dict with string keys.
 from __future__ import annotations
 
 import asyncio
+import struct
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, fields
@@ -182,7 +183,9 @@ class WorkRequest:
     ``cache_salt``: the tenant when ``index.tenant_isolation`` is on; the engine keeps and
     hashes its KV per salt, so tenants never share a cached prefix. ``lease_s``: keep this
     request's KV for that long after it ends, before unleased KV goes (``router.leases``;
-    engines without leases ignore it)."""
+    engines without leases ignore it). ``loopback_node``: set by a router with
+    ``router.stream_transport: loopback``; a replica on that node answers with a
+    ``Handoff`` and sends the chunks over its loopback socket (``workers.loopback``)."""
 
     request_id: str
     token_ids: list[int]
@@ -190,6 +193,7 @@ class WorkRequest:
     trace: dict[str, str] | None = None
     cache_salt: str | None = None
     lease_s: float = 0.0
+    loopback_node: str | None = None  # the router's Ray node: stream chunks over loopback
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,6 +229,19 @@ class Rejected:
 WorkerMessage = Chunk | Final | Rejected
 
 
+@dataclass(frozen=True, slots=True)
+class Handoff:
+    """Worker → router on the Serve stream, in place of the first ``Chunk`` (``first``):
+    the next chunks come over the replica's loopback socket at ``address`` once the
+    router presents ``key`` (``workers.loopback``); the ``Final`` (or the error) still
+    comes over the Serve stream, after them."""
+
+    replica: str
+    first: Chunk
+    address: str  # "127.0.0.1:port"
+    key: str
+
+
 def take_ready(first: object, queue: asyncio.Queue) -> list:  # type: ignore[type-arg]
     """``first`` and whatever ``queue`` holds now (never waiting), consecutive
     ``TokenChunk``s merged into one: a stream then sends in one message what is ready in
@@ -237,6 +254,29 @@ def take_ready(first: object, queue: asyncio.Queue) -> list:  # type: ignore[typ
         else:
             items.append(item)
     return items
+
+
+# The loopback stream's frames (worker → router, ``workers.loopback``):
+# ``<kind:u8><length:u32 LE><payload>``. ``CHUNK``: ``<n:u32 LE>``, n token ids as u32 LE,
+# then the text as UTF-8; ``END``: empty (the ``Final`` follows on the Serve stream).
+CHUNK, END = 1, 2
+FRAME_HEADER = struct.Struct("<BI")
+_COUNT = struct.Struct("<I")
+END_FRAME = FRAME_HEADER.pack(END, 0)
+
+
+def chunk_frame(text: str, token_ids: tuple[int, ...]) -> bytes:
+    body = text.encode()
+    n = len(token_ids)
+    return (FRAME_HEADER.pack(CHUNK, 4 + 4 * n + len(body)) + _COUNT.pack(n)
+            + struct.pack(f"<{n}I", *token_ids) + body)
+
+
+def parse_chunk(payload: memoryview) -> tuple[str, tuple[int, ...]]:
+    """(text, token ids) of a ``CHUNK`` frame's payload."""
+    (n,) = _COUNT.unpack_from(payload)
+    ids = struct.unpack_from(f"<{n}I", payload, 4)
+    return bytes(payload[4 + 4 * n:]).decode(), ids
 
 
 @runtime_checkable

@@ -6,6 +6,7 @@ Serve's choice of replica, and cancel the worker request when the client leaves.
 from __future__ import annotations
 
 import asyncio
+import socket
 from typing import Any
 
 import pytest
@@ -17,8 +18,9 @@ from router.decision import Decider
 from router.dispatch import Dispatcher
 from router.errors import ApiError
 from router.load import LoadTracker
+from router.loopback_stream import Loopback
 from router.pipeline import PipelineConfig
-from workers.protocol import Chunk, Rejected, SamplingParams, WorkRequest
+from workers.protocol import Chunk, Handoff, Rejected, SamplingParams, WorkRequest
 
 WORK = WorkRequest("req-1", [1, 2, 3], SamplingParams(max_tokens=4))
 
@@ -62,13 +64,14 @@ def ctx(cands: list[Candidate]) -> RequestContext:
                           {c.model: [11] for c in cands}, 64, cands)
 
 
-def dispatcher(handles: dict[str, FakeHandle], timeout_s: float = 5.0
+def dispatcher(handles: dict[str, FakeHandle], timeout_s: float = 5.0,
+               loopback: Loopback | None = None
                ) -> tuple[Dispatcher, LoadTracker, list[tuple[str, str]]]:
     loads, routed = LoadTracker(), []
     decider = Decider(PipelineConfig(), loads, block_size=64, prior_prefill_tok_s=4000.0)
     d = Dispatcher(handles, decider, max_retries=2, first_token_timeout_s=timeout_s,
                    record_routed=lambda m, r, h: routed.append((m, r)),
-                   remember=lambda m, r: None)
+                   remember=lambda m, r: None, loopback=loopback)
     return d, loads, routed
 
 
@@ -149,3 +152,18 @@ def test_a_client_leaving_before_the_first_message_cancels_the_worker_request() 
     asyncio.run(leave())
     assert handle.streams[0].cancelled
     assert loads.get("m", "r1").ongoing == 0
+
+
+def test_a_handoff_to_an_unreachable_loopback_socket_is_retried_on_the_next() -> None:
+    """The replica handed the stream to a port nobody listens on: it counts as failed
+    before its first message (cancelled, ticket ended) and the next replica takes it."""
+    with socket.socket() as s:  # a port that was free a moment ago: connecting is refused
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    handoff = Handoff("r1", Chunk("r1", "x", (9,)), dead, "k")
+    handle = FakeHandle({"r1": handoff})
+    d, loads, _ = dispatcher({"m": handle}, loopback=Loopback("node", "token"))
+    started = run(d, [Candidate("m", "r1"), Candidate("m", "r2")])
+    assert handle.calls == [["r1", "r2"], ["r2"]] and handle.streams[0].cancelled
+    assert started.target.replica == "r2"
+    assert loads.get("m", "r1").ongoing == 0 and loads.get("m", "r2").ongoing == 1

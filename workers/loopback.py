@@ -1,0 +1,118 @@
+"""A replica's loopback stream socket: token chunks to a router on the same node without a
+Serve message per chunk (``router.stream_transport: loopback``).
+
+Why: on the agent workload each streamed token crossed Ray Serve as its own actor-stream
+message (pickled, gRPC, an object ref per item), which cost the router replica more CPU
+than all its own work per request (docs/benchmarks.md, issue 16). Here a request still
+starts over the Serve handle, so Serve's request router, queue bound, retries before the
+first message, ``Rejected`` and cancellation all stay as they are; only the chunks after
+the first go over a plain TCP connection on 127.0.0.1:
+
+1. the worker takes the first chunk, opens a slot under a random key and yields
+   ``Handoff(first, address, key)`` on the Serve stream;
+2. the router connects and sends ``<key> <token>\\n`` (the per-app random token the
+   builder gives router and workers; compared in constant time);
+3. the worker writes each chunk as a frame (below) as the engine releases it, waiting on
+   the socket's drain (so a slow router holds the engine's queue, not a second buffer),
+   then an end frame; the ``Final`` goes over the Serve stream.
+
+The Serve stream stays open all along: Serve's cancel (the client left) stops the worker's
+generator (which closes the socket and aborts the engine request), and a replica that
+dies ends both the socket and the Serve stream with an error. A slot nobody claims within
+``CLAIM_TIMEOUT_S`` fails the request.
+
+The frames are ``workers.protocol``'s (``chunk_frame``, ``END_FRAME``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import secrets
+from collections.abc import AsyncIterator
+
+from workers.protocol import END_FRAME, EngineError, TokenChunk, chunk_frame
+
+log = logging.getLogger(__name__)
+
+CLAIM_TIMEOUT_S = 10.0
+_HANDSHAKE_TIMEOUT_S = 5.0
+_HANDSHAKE_LIMIT = 512
+
+
+class LoopbackServer:
+    """The worker side: one listening socket per replica on 127.0.0.1 and the open slots."""
+
+    def __init__(self, token: str, host: str = "127.0.0.1") -> None:
+        self._token, self._host = token.encode(), host
+        self._slots: dict[str, asyncio.Future[asyncio.StreamWriter]] = {}
+        self._server: asyncio.Server | None = None
+        self.address: str | None = None
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._accept, self._host, 0,
+                                                  limit=_HANDSHAKE_LIMIT)
+        port = self._server.sockets[0].getsockname()[1]
+        self.address = f"{self._host}:{port}"
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for slot in self._slots.values():
+                slot.cancel()
+            self._slots.clear()
+            await self._server.wait_closed()
+            self._server = None
+
+    def open(self) -> str:
+        """A new slot's key (unguessable: the key alone claims nothing without the token)."""
+        key = secrets.token_hex(16)
+        self._slots[key] = asyncio.get_running_loop().create_future()
+        return key
+
+    async def claim(self, key: str) -> asyncio.StreamWriter:
+        """The router's connection for slot ``key``; ``EngineError`` if none comes in time."""
+        slot = self._slots[key]
+        try:
+            return await asyncio.wait_for(slot, CLAIM_TIMEOUT_S)
+        except TimeoutError:
+            raise EngineError(f"no router claimed loopback stream {key}") from None
+        finally:
+            self._slots.pop(key, None)
+
+    def drop(self, key: str) -> None:
+        """Forget an unclaimed slot (its request ended before the router connected)."""
+        slot = self._slots.pop(key, None)
+        if slot is not None:
+            slot.cancel()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            line = await asyncio.wait_for(reader.readline(), _HANDSHAKE_TIMEOUT_S)
+            key, _, token = line.strip().partition(b" ")
+            slot = self._slots.get(key.decode("ascii", "replace"))
+            if not hmac.compare_digest(token, self._token) or slot is None or slot.done():
+                raise PermissionError("bad loopback handshake")
+        except (Exception, asyncio.CancelledError) as e:
+            log.warning("loopback stream connection refused: %r", e)
+            writer.close()
+            return
+        slot.set_result(writer)
+
+    @staticmethod
+    async def pump(writer: asyncio.StreamWriter,
+                   items: AsyncIterator[object]) -> object | None:
+        """Write ``items``' chunks to ``writer`` until the first item that is not a chunk,
+        which is returned after the end frame (None: the items ended)."""
+        try:
+            async for item in items:
+                if not isinstance(item, TokenChunk):
+                    writer.write(END_FRAME)
+                    await writer.drain()
+                    return item
+                writer.write(chunk_frame(item.text, item.token_ids))
+                await writer.drain()  # the router went away: ConnectionResetError
+            return None
+        finally:
+            writer.close()
