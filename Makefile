@@ -37,9 +37,10 @@ agent-clis:
 	  else echo "please install Node.js and npm" >&2; exit 1; fi; }
 	npm ci --prefix tests/agents --no-audit --no-fund --loglevel=error
 
-# The peer routers `kvroute bench compare` runs (smg, vllm-router), each in a venv of its own
-# under ~/.cache/kvroute/peers, installed by pip. The compare test installs them on first use
-# too (~40 s on a fresh machine); this target does it ahead.
+# The peer routers `kvroute bench compare` runs (smg, vllm-router, Dynamo), each in a venv of
+# its own under ~/.cache/kvroute/peers, installed by pip. The compare test installs them on
+# first use too (~40 s each on a fresh machine, Dynamo ~90 s); this target does it ahead.
+# Dynamo runs in a network namespace: `unshare` (util-linux) and `ip` (iproute2), as root.
 peers: venv
 	$(BIN)/python -m ops.bench.peers
 

@@ -234,6 +234,7 @@ async def _compare(spec: CompareSpec, url: str, model_path: str, show: bool
                 getattr(proc, "bridge_processes", list)())
             if isinstance(proc, DynamoRun):  # counted by its shims: no replica header
                 benches[name]["per_replica_requests"] = proc.per_replica_requests()
+                benches[name]["router_predicted_hit_rate"] = await proc.predicted_hit_rate()
         benches[name]["params"].update(router_cmd=proc.cmd[1:], router_flags=flags)
     result = {"routers": benches, **overheads, "endpoints": endpoints, "env": environment(),
               "router_overhead_goal_s": overhead_goal(overheads["serve_proxy_overhead_s"])}

@@ -22,6 +22,7 @@ each way to every request: ``added_latency_s`` includes them.
 from __future__ import annotations
 
 import asyncio
+import os
 import shlex
 import shutil
 import sys
@@ -94,7 +95,10 @@ class DynamoRun(Subprocess):
         self.relay = Subprocess(f"{name}-relay", [sys.executable, str(HERE / "sock_relay.py"),
                                                   *host_pairs], "")
         (self.dir / "kv").mkdir()
-        super().__init__(name, ["unshare", "-n", "--", "sh", "-c", "\n".join(script)],
+        # As root a plain network namespace; otherwise a user namespace maps us to its root
+        # (unprivileged user namespaces: untested here, where the benchmarks run as root).
+        unshare = ["unshare", "-n"] if os.geteuid() == 0 else ["unshare", "-r", "-n"]
+        super().__init__(name, [*unshare, "--", "sh", "-c", "\n".join(script)],
                          f"http://127.0.0.1:{port}/v1/models",
                          env=dyn_env(self.dir / "kv", token), ready_timeout_s=120.0)
 
@@ -134,6 +138,23 @@ class DynamoRun(Subprocess):
         kv = self.dir / "kv"
         return sum(1 for p in kv.rglob("*") if p.is_file() and "generate" in str(p)
                    and "instances" in str(p))
+
+    async def predicted_hit_rate(self) -> float | None:
+        """The router's own mean predicted KV hit rate at routing time (its Prometheus
+        ``..._kv_hit_rate`` histogram, sum / count): near the replicas' cached ratio when it
+        routes on their events; None if the frontend does not export it."""
+        try:
+            async with aiohttp.ClientSession() as s, s.get(f"{self.base_url}/metrics") as r:
+                text = await r.text() if r.status == 200 else ""
+        except aiohttp.ClientError:
+            return None
+        total: dict[str, float] = {}
+        for line in text.splitlines():
+            name, _, value = line.partition(" ")
+            for part in ("sum", "count"):
+                if name.split("{")[0].endswith(f"kv_hit_rate_{part}"):
+                    total[part] = total.get(part, 0.0) + float(value.split()[0])
+        return total["sum"] / total["count"] if total.get("count") else None
 
     def per_replica_requests(self) -> dict[str, int]:
         """Requests each shim forwarded, by replica endpoint (the frontend does not pass

@@ -4,9 +4,11 @@ For each count N, the worker replicas are deployed afresh and the workload runs 
 
 * ``kvroute`` with N router replicas behind Serve's proxy, sharing one prefix index in a
   throwaway redis-server (``index.redis_url``; workers publish their events to it);
-* ``smg`` (cache_aware) and ``vllm-router`` (kv_aware, every instance subscribed to every
-  replica's KV events): N instances, each with its own state, behind a plain round-robin
-  front (``ops.bench.rr_front``), as a fleet of gateways behind a load balancer.
+* ``smg`` (cache_aware), ``vllm-router`` (kv_aware, every instance subscribed to every
+  replica's KV events) and ``dynamo`` (kv; N namespaces, each a frontend with its own shims,
+  so N routers each fed every replica's events, with no replica sync): N instances, each
+  with its own state, behind a plain round-robin front (``ops.bench.rr_front``), as a fleet
+  of gateways behind a load balancer.
 
 Router CPU per request counts the routers' processes (kvroute: Serve's proxy and the N
 router replicas; a peer: its N instances), not the peers' front. The result, per N, is
@@ -28,7 +30,7 @@ from ops.bench.autoscale import redis_server
 from ops.bench.client import Record
 from ops.bench.procs import Subprocess, free_port
 
-SCALED = ("kvroute", "smg", "vllm-router")
+SCALED = ("kvroute", "smg", "vllm-router", "dynamo")
 
 
 def scaled_config(spec: compare.CompareSpec, model_path: str, port: int, n: int,
@@ -44,14 +46,14 @@ def scaled_config(spec: compare.CompareSpec, model_path: str, port: int, n: int,
 
 @contextlib.asynccontextmanager
 async def fleet(name: str, n: int, info: list[tuple[str, str | None]],
-                spec: compare.CompareSpec, model_path: str
+                spec: compare.CompareSpec, model_path: str, headers: dict[str, str]
                 ) -> AsyncIterator[tuple[str, list[Subprocess], dict[str, Any]]]:
     """N instances of a peer behind a round-robin front: (front URL, instances, flags)."""
     procs: list[Subprocess] = []
     flags: dict[str, Any] = {}
     async with contextlib.AsyncExitStack() as stack:
         for i in range(n):
-            proc, flags = compare.launch(name, info, spec, model_path)
+            proc, flags = compare.launch(name, info, spec, model_path, headers)
             proc.name = f"{name}-{i}"
             procs.append(await stack.enter_async_context(proc))
         port = free_port()
@@ -76,7 +78,7 @@ async def one_count(spec: compare.CompareSpec, url: str, model_path: str, n: int
                 run, url, direct, lineup.kvroute_processes(), spec, show, headers)
             benches[name]["params"]["router_replicas"] = n
             continue
-        async with fleet(name, n, info, spec, model_path) as (front, procs, flags):
+        async with fleet(name, n, info, spec, model_path, headers) as (front, procs, flags):
             roots = [p for proc in procs for p in proc.processes()]
             records[run], benches[name] = await compare.measured(
                 run, front, direct, roots, spec, show, headers)
