@@ -77,13 +77,15 @@ class SessionGaps:
         return self.lease_s(kind, TOOL if self.config.by_ending else "")
 
     def ended(self, session_id: str, now: float, tool_call: bool) -> float:
-        """The last turn of ``session_id`` ended at ``now``; the lease for the pause it
-        begins (0 when leases are not chosen by ending)."""
+        """The last turn of ``session_id`` ended at ``now``; the lease to renew its KV with
+        for the pause it begins. 0: no renewal (a tool call keeps the lease its turn was
+        sent with, though the learned one may have moved a little since; or leases are
+        not chosen by ending)."""
         turn = self._last.get(session_id)
         if not (self.config.enabled and self.config.by_ending) or turn is None:
             return 0.0
         turn.end, turn.ending = now, TOOL if tool_call else FINAL
-        return self.lease_s(session_kind(session_id), turn.ending)
+        return 0.0 if tool_call else self.lease_s(session_kind(session_id), FINAL)
 
     def lease_s(self, kind: str, ending: str = "") -> float:
         """The lease a turn of ``kind`` that ended so gets now."""

@@ -29,11 +29,11 @@ def test_by_ending_a_tool_pause_and_a_user_pause_are_learned_apart() -> None:
                                    min_samples=3))
     assert gaps.turn("s", 0.0) == 5.0  # sent with the tool-pause prior
     assert gaps.ended("s", 1.0, tool_call=False) == 30.0  # a final answer: the user prior
-    assert gaps.ended("nobody", 1.0, tool_call=True) == 0.0
+    assert gaps.ended("nobody", 1.0, tool_call=False) == 0.0
     t = 1.0
     for _ in range(4):  # tool calls followed by 2 s pauses, final answers by 20 s pauses
         gaps.turn("s", t + 20.0)
-        gaps.ended("s", t + 21.0, tool_call=True)
+        assert gaps.ended("s", t + 21.0, tool_call=True) == 0.0  # no renewal
         gaps.turn("s", t + 23.0)
         gaps.ended("s", t + 24.0, tool_call=False)
         t += 24.0
