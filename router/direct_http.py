@@ -51,7 +51,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import uvicorn
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -63,7 +63,14 @@ from router import tool_calls as tc
 from router.errors import ApiError, openai_error
 from router.openai_schema import ChatCompletionRequest, CompletionRequest, SamplingFields
 from router.tokenization import ChatTokenizer, TemplateRenderError, resolve_model_dir
-from workers.protocol import Final, Rejected, SamplingParams, WorkerMessage, WorkRequest
+from workers.protocol import (
+    Chunk,
+    Final,
+    Rejected,
+    SamplingParams,
+    WorkerMessage,
+    WorkRequest,
+)
 
 Generate = Callable[[WorkRequest], AsyncIterator[WorkerMessage]]
 M = TypeVar("M", bound=BaseModel)
@@ -71,6 +78,11 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_TOKENS = 1024
 _START_TIMEOUT_S = 30.0
 _STOP_TIMEOUT_S = 10.0
+
+
+class _DirectCompletion(CompletionRequest):
+    return_token_ids: bool = Field(False, description="vLLM's: each streamed choice also "
+                                   "carries the engine's token ids (``token_ids``)")
 
 
 class _Server(uvicorn.Server):
@@ -233,7 +245,7 @@ class DirectHttp:
 
     async def _completions(self, request: Request) -> Response:
         try:
-            req = await _parse(request, CompletionRequest)
+            req = await _parse(request, _DirectCompletion)
             return await self._serve(req, await self._prompt_ids(req), False, None)
         except ApiError as e:
             return openai_error(e)
@@ -323,6 +335,7 @@ class DirectHttp:
         run = _Run(gen, first, parser)
         if req.stream:
             include = bool(req.stream_options and req.stream_options.include_usage)
+            run.ids = [] if getattr(req, "return_token_ids", False) else None
             body = self._stream(run, rid, req.model, chat, include)
             return StreamingResponse(body, media_type="text/event-stream", headers=headers)
         try:
@@ -345,10 +358,11 @@ class DirectHttp:
                 yield oa.sse(oa.chat_chunk(rid, model, {"role": "assistant", "content": ""}, None))
             async for delta in run.deltas():
                 yield oa.sse(oa.chat_chunk(rid, model, delta, None) if chat
-                             else oa.text_chunk(rid, model, delta.get("content", ""), None))
+                             else run.with_ids(oa.text_chunk(rid, model,
+                                                             delta.get("content", ""), None)))
             reason = oa.finish_reason(run.final, bool(run.calls))
             yield oa.sse(oa.chat_chunk(rid, model, {}, reason) if chat
-                         else oa.text_chunk(rid, model, "", reason))
+                         else run.with_ids(oa.text_chunk(rid, model, "", reason)))
             if include_usage:
                 obj = "chat.completion.chunk" if chat else "text_completion"
                 yield oa.sse(oa.usage_chunk(rid, model, obj, run.final))
@@ -368,6 +382,7 @@ class _Run:
                  parser: tc.ToolParser | None) -> None:
         self.gen, self.first, self.parser = gen, first, parser
         self.final: Final | None = None
+        self.ids: list[int] | None = None  # a list: the engine's token ids are collected
         self.text: list[str] = []
         self.calls: list[tc.ToolCall] = []
 
@@ -376,6 +391,8 @@ class _Run:
         while msg is not None:
             if isinstance(msg, Final):
                 self.final = msg
+            elif self.ids is not None and isinstance(msg, Chunk):
+                self.ids.extend(msg.token_ids)
             yield msg
             msg = None if self.final else await anext(self.gen, None)
 
@@ -387,6 +404,13 @@ class _Run:
             else:
                 self.calls.append(ev)
                 yield {"tool_calls": [oa.tool_call(ev, len(self.calls) - 1)]}
+
+    def with_ids(self, chunk: dict[str, Any]) -> dict[str, Any]:
+        """vLLM's ``return_token_ids``: the engine's ids since the last chunk on its choice
+        (Dynamo's worker shim passes them on instead of re-encoding the text)."""
+        if self.ids is not None:
+            chunk["choices"][0]["token_ids"], self.ids = self.ids, []
+        return chunk
 
     async def collect(self) -> None:
         async for _ in self.deltas():

@@ -15,8 +15,8 @@ the replica is reached over a unix socket (``ops.bench.sock_relay`` on the host 
 What the frontend reads back (from Dynamo 1.6.1's vLLM handler, ``dynamo/vllm/handlers.py``):
 chunks ``{"token_ids": [...]}``, the last with ``finish_reason`` and ``completion_usage``
 (``prompt_tokens_details.cached_tokens``: the replica's own count, so the cached ratio is
-what the replica served, as for every other router). The replica streams text; the shim
-encodes it back to token ids with the model's tokenizer for the frontend to detokenize.
+what the replica served, as for every other router). The replica streams the engine's token
+ids beside the text (``return_token_ids``, as vLLM's server does); the frontend detokenizes.
 Standard library, aiohttp and Dynamo only: kvroute's packages are not installed there.
 """
 
@@ -32,7 +32,6 @@ from typing import Any
 import aiohttp
 from dynamo.llm import KvEventPublisher, ModelInput, ModelType, WorkerType, register_model
 from dynamo.runtime import DistributedRuntime
-from tokenizers import Tokenizer
 
 _FINISH = {"stop": "stop", "length": "length"}
 
@@ -40,9 +39,8 @@ _FINISH = {"stop": "stop", "length": "length"}
 class Forwarder:
     """Preprocessed Dynamo request -> the replica's streamed ``/v1/completions``."""
 
-    def __init__(self, socket_path: str, model: str, tokenizer: Tokenizer,
-                 served_file: str) -> None:
-        self.model, self.tok, self.served_file, self.served = model, tokenizer, served_file, 0
+    def __init__(self, socket_path: str, model: str, served_file: str) -> None:
+        self.model, self.served_file, self.served = model, served_file, 0
         self.session = aiohttp.ClientSession(
             connector=aiohttp.UnixConnector(path=socket_path, limit=0),
             timeout=aiohttp.ClientTimeout(total=None),
@@ -60,7 +58,7 @@ class Forwarder:
         sampling = request.get("sampling_options") or {}
         out: dict[str, Any] = {
             "model": self.model, "prompt": list(request["token_ids"]), "stream": True,
-            "stream_options": {"include_usage": True},
+            "stream_options": {"include_usage": True}, "return_token_ids": True,
             "max_tokens": stop.get("max_tokens") or 16,
             "temperature": sampling.get("temperature") or 0.0,
         }
@@ -88,9 +86,8 @@ class Forwarder:
                 usage = chunk.get("usage") or usage
                 for choice in chunk.get("choices") or ():
                     finish = choice.get("finish_reason") or finish
-                    if choice.get("text"):
-                        ids = self.tok.encode(choice["text"], add_special_tokens=False).ids
-                        yield {"token_ids": ids}
+                    if choice.get("token_ids"):  # the engine's own (return_token_ids)
+                        yield {"token_ids": choice["token_ids"]}
         yield {"token_ids": [], "finish_reason": _FINISH.get(finish or "stop", "stop"),
                "completion_usage": usage}
 
@@ -99,8 +96,7 @@ async def main(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     runtime = DistributedRuntime(loop, "file", "tcp", event_plane="zmq")
     endpoint = runtime.endpoint(args.endpoint)
-    tokenizer = Tokenizer.from_file(os.path.join(args.model_path, "tokenizer.json"))
-    forward = Forwarder(args.replica_socket, args.model_name, tokenizer, args.served_file)
+    forward = Forwarder(args.replica_socket, args.model_name, args.served_file)
     # Created before serving, as Dynamo's own workers do; it subscribes to the relay.
     publisher = KvEventPublisher(endpoint, kv_block_size=args.block_size,
                                  zmq_endpoint=args.events, zmq_topic="")

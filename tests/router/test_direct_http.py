@@ -120,6 +120,21 @@ async def test_completions_string_prompt_streamed_with_usage(tiny_model_dir: Pat
     assert engine.requests[0].sampling.max_tokens == 1024  # no limit given
 
 
+async def test_completions_stream_the_engines_token_ids_when_asked(tiny_model_dir: Path
+                                                                  ) -> None:
+    """vLLM's ``return_token_ids`` (Dynamo's worker shim): each chunk carries the ids the
+    engine generated for it; without it, none do."""
+    engine = FakeEngine(texts=(" a", "", " b"))  # the empty chunk's id rides with the next
+    async with serving(tiny_model_dir, engine) as c:
+        body = {"model": MODEL, "prompt": [5, 6], "stream": True}
+        plain = sse((await c.post("/v1/completions", json=body)).text)
+        ids = sse((await c.post("/v1/completions",
+                                json={**body, "return_token_ids": True})).text)
+    assert all("token_ids" not in e["choices"][0] for e in plain[:-1])
+    assert [(e["choices"][0]["text"], e["choices"][0]["token_ids"]) for e in ids[:-1]] == [
+        (" a", [0]), (" b", [1, 2]), ("", [])]
+
+
 async def test_chat_is_templated_like_the_router(tiny_model_dir: Path) -> None:
     engine = FakeEngine()
     tok = ChatTokenizer(str(tiny_model_dir))
