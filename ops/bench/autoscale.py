@@ -65,6 +65,7 @@ class AutoscaleSpec:
         "kv_blocks": 2048})
     seed: int = 0
     port: int = 0
+    prewarm: bool = True  # router.prewarm: new replicas get the hottest prefixes first
     # short agent prompts on a slow emulated prefill: the replicas' prefill, not the router's
     # tokenizing on a shared 2-core machine, sets the TTFT
     agent: AgentParams = field(default_factory=lambda: AgentParams(
@@ -123,8 +124,10 @@ def build_config(spec: AutoscaleSpec, model_path: str, redis_url: str, port: int
         IndexConfig,
         KvrouteConfig,
         ModelConfig,
+        RouterConfig,
         ServerConfig,
     )
+    from deploy.router_config import PrewarmConfig
 
     scaling = AutoscalingConfig(
         policy=spec.policy, ttft_target_s=spec.ttft_target_s,  # type: ignore[arg-type]
@@ -137,6 +140,7 @@ def build_config(spec: AutoscaleSpec, model_path: str, redis_url: str, port: int
                         autoscaling=scaling, num_cpus=0.1, engine_kwargs=kwargs,
                         context_window=131072, max_ongoing_requests=64)
     return KvrouteConfig(models=[model], index=IndexConfig(redis_url=redis_url),
+                         router=RouterConfig(prewarm=PrewarmConfig(enabled=spec.prewarm)),
                          server=ServerConfig(host="127.0.0.1", port=port))
 
 
@@ -263,7 +267,8 @@ def _bench(spec: AutoscaleSpec, records: list[Record], watched: dict[str, Any]
 
 
 def label(spec: AutoscaleSpec) -> str:
-    """``kvroute``, or ``serve-default@T`` with its target_ongoing_requests."""
-    if spec.policy == "kvroute":
-        return "kvroute"
-    return f"{spec.policy}@{spec.target_ongoing_requests:g}"
+    """``kvroute``, or ``serve-default@T`` with its target_ongoing_requests; ``-noprewarm``
+    when new replicas are not pre-warmed."""
+    name = "kvroute" if spec.policy == "kvroute" else \
+        f"{spec.policy}@{spec.target_ongoing_requests:g}"
+    return name if spec.prewarm else f"{name}-noprewarm"

@@ -43,6 +43,8 @@ def add_arguments(a: argparse.ArgumentParser) -> None:
     a.add_argument("--startup", type=float, default=d.startup_s,
                    help="kvroute policy: a new replica's start-up time until one is measured")
     a.add_argument("--seed", type=int, default=d.seed)
+    a.add_argument("--prewarm", default="on", help="router.prewarm for new replicas: on, "
+                   "off, or on,off (each policy run once with and once without)")
     a.add_argument("--agent", action="append", default=[], metavar="KEY=VALUE",
                    help="override an AgentParams field (ops.bench.workloads), repeatable")
     a.add_argument("--out", type=Path, help="write the JSON here")
@@ -63,9 +65,13 @@ def run(args: argparse.Namespace) -> int:
         downscale_delay_s=args.downscale_delay, seed=args.seed, startup_s=args.startup,
         agent=override_params(d.agent, args.seed, args.agent),
         sim={**d.sim, "prefill_tok_s": args.prefill_tok_s, "tpot_s": args.tpot_ms / 1000})
-    specs = [replace(base, policy=p, target_ongoing_requests=float(t))
+    warm = {"on": True, "off": False}
+    if bad := set(args.prewarm.split(",")) - set(warm):
+        raise SystemExit(f"--prewarm: unknown {sorted(bad)}")
+    specs = [replace(base, policy=p, target_ongoing_requests=float(t), prewarm=warm[w])
              for p in args.policy.split(",")
-             for t in (args.target_ongoing.split(",") if p == "serve-default" else ["2"])]
+             for t in (args.target_ongoing.split(",") if p == "serve-default" else ["2"])
+             for w in args.prewarm.split(",")]
     if bad := {s.policy for s in specs} - {"kvroute", "serve-default"}:
         raise SystemExit(f"--policy: unknown {sorted(bad)}")
     command = "kvroute bench " + shlex.join(sys.argv[sys.argv.index("autoscale"):]) \

@@ -90,3 +90,11 @@ def test_config_selects_the_policy_under_test() -> None:
         (model,) = cfg.models
         assert model.autoscaling.policy == policy and model.num_replicas is None
         assert cfg.index.redis_url and cfg.server.port == 8123
+
+
+def test_prewarm_off_is_configured_and_labelled() -> None:
+    spec = AutoscaleSpec(policy="serve-default", target_ongoing_requests=2.0, prewarm=False)
+    cfg = build_config(spec, "/m", "redis://127.0.0.1:1/0", 8123)
+    assert not cfg.router.prewarm.enabled and label(spec) == "serve-default@2-noprewarm"
+    assert build_config(AutoscaleSpec(), "/m", "redis://127.0.0.1:1/0", 8123
+                        ).router.prewarm.enabled
