@@ -231,6 +231,10 @@ def run_autoscale(specs: list[AutoscaleSpec], show: bool = True,
 
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     os.environ.setdefault("RAY_SERVE_LOG_TO_STDERR", "0")
+    # Ray starts its workers at nice 15: on a shared machine any other process (a test
+    # run, pip) preempts the router and replicas while the load generator, at nice 0,
+    # keeps sending. The stack under test runs at the load generator's priority.
+    os.environ.setdefault("RAY_worker_niceness", "0")
     port = specs[0].port or free_port()  # Serve's proxy keeps its first port
     out = []
     with redis_server() as redis_url:
