@@ -49,6 +49,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 
+from cache_service.hashing import DEFAULT_BLOCK_SIZE
 from ops.bench import lineup, peers
 from ops.bench.client import Client, LoadSpec, Record, Runner, agent_driver, trace_driver
 from ops.bench.dynamo_peer import DynamoRun
@@ -234,7 +235,7 @@ async def _compare(spec: CompareSpec, url: str, model_path: str, show: bool
                 getattr(proc, "bridge_processes", list)())
             if isinstance(proc, DynamoRun):  # counted by its shims: no replica header
                 benches[name]["per_replica_requests"] = proc.per_replica_requests()
-                benches[name]["router_predicted_hit_rate"] = await proc.predicted_hit_rate()
+                benches[name].update(await proc.router_metrics())
         benches[name]["params"].update(router_cmd=proc.cmd[1:], router_flags=flags)
     result = {"routers": benches, **overheads, "endpoints": endpoints, "env": environment(),
               "router_overhead_goal_s": overhead_goal(overheads["serve_proxy_overhead_s"])}
@@ -275,8 +276,12 @@ def launch(name: str, info: list[tuple[str, str | None]], spec: CompareSpec,
     endpoints, events = [h for h, _ in info], [e for _, e in info]
     if name == "dynamo":
         token = (headers or {}).get("Authorization", "").removeprefix("Bearer ")
+        engine = {"max_num_seqs": spec.max_ongoing_requests}
+        if spec.engine == "sim":  # the emulator's blocks are kvroute's canonical ones
+            engine["total_kv_blocks"] = (int(spec.sim["kv_blocks"]) * DEFAULT_BLOCK_SIZE
+                                         // spec.event_block_size)
         dyn = DynamoRun(name, endpoints, events, model_path, MODEL, spec.event_block_size,
-                        token)
+                        token, engine)
         return dyn, dict(dyn.flags)
     if name in SGLANG_POLICY:
         policy = SGLANG_POLICY[name]

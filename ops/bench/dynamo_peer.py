@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shlex
 import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import psutil
@@ -64,7 +66,10 @@ class DynamoRun(Subprocess):
     """The namespace (frontend + shims + its relay) and the host relay, as one server."""
 
     def __init__(self, name: str, endpoints: list[str], events: list[str | None],
-                 model_path: str, model_name: str, block_size: int, token: str) -> None:
+                 model_path: str, model_name: str, block_size: int, token: str,
+                 engine: dict[str, int] | None = None) -> None:
+        """``engine``: ``total_kv_blocks`` (in ``block_size`` blocks) and ``max_num_seqs`` of
+        each replica, registered as Dynamo's vLLM worker does."""
         if any(e is None for e in events):
             raise RuntimeError("dynamo needs every replica's KV events (vllm_kv_events)")
         self.dir = Path(tempfile.mkdtemp(prefix="kvroute-dyn-"))
@@ -88,7 +93,9 @@ class DynamoRun(Subprocess):
                     str(self.dir / f"r{i}.sock"), "--events", f"ipc://{self.dir / f'e{i}.sock'}",
                     "--model-path", model_path, "--model-name", model_name,
                     "--block-size", str(block_size), "--endpoint", ENDPOINT,
-                    "--served-file", str(self.dir / f"served{i}")]
+                    "--served-file", str(self.dir / f"served{i}"),
+                    *(a for k, v in (engine or {}).items()
+                      for a in (f"--{k.replace('_', '-')}", str(v)))]
             script.append(f"{shlex.join(shim)} > {self.dir / f'shim{i}.log'} 2>&1 &")
         # Not exec'd: the frontend, the shims and the relay are siblings, metered apart.
         script += [f"{shlex.join(front)} &", "wait"]
@@ -139,22 +146,33 @@ class DynamoRun(Subprocess):
         return sum(1 for p in kv.rglob("*") if p.is_file() and "generate" in str(p)
                    and "instances" in str(p))
 
-    async def predicted_hit_rate(self) -> float | None:
-        """The router's own mean predicted KV hit rate at routing time (its Prometheus
-        ``..._kv_hit_rate`` histogram, sum / count): near the replicas' cached ratio when it
-        routes on their events; None if the frontend does not export it."""
+    async def router_metrics(self) -> dict[str, Any]:
+        """From the frontend's Prometheus text: ``router_predicted_hit_rate``, its mean
+        predicted KV hit rate at routing time (``..._kv_hit_rate`` histogram, sum / count;
+        near the replicas' cached ratio when it routes on their events), and
+        ``router_kv_events_applied``, the replicas' events its indexer applied, by
+        ``type/status`` (``stored/parent_block_not_found``: a batch it dropped)."""
         try:
             async with aiohttp.ClientSession() as s, s.get(f"{self.base_url}/metrics") as r:
                 text = await r.text() if r.status == 200 else ""
         except aiohttp.ClientError:
-            return None
-        total: dict[str, float] = {}
+            text = ""
+        hit: dict[str, float] = {}
+        applied: dict[str, float] = {}
         for line in text.splitlines():
-            name, _, value = line.partition(" ")
+            if line.startswith("#"):  # HELP / TYPE
+                continue
+            name, _, value = line.rpartition(" ")
+            metric = name.split("{")[0]
             for part in ("sum", "count"):
-                if name.split("{")[0].endswith(f"kv_hit_rate_{part}"):
-                    total[part] = total.get(part, 0.0) + float(value.split()[0])
-        return total["sum"] / total["count"] if total.get("count") else None
+                if metric.endswith(f"kv_hit_rate_{part}"):
+                    hit[part] = hit.get(part, 0.0) + float(value)
+            if metric.endswith("kv_cache_events_applied") and float(value):
+                labels = dict(re.findall(r'(\w+)="([^"]*)"', name))
+                key = f"{labels.get('event_type')}/{labels.get('status')}"
+                applied[key] = applied.get(key, 0.0) + float(value)
+        return {"router_predicted_hit_rate": hit["sum"] / hit["count"]
+                if hit.get("count") else None, "router_kv_events_applied": applied}
 
     def per_replica_requests(self) -> dict[str, int]:
         """Requests each shim forwarded, by replica endpoint (the frontend does not pass

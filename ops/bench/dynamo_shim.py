@@ -30,7 +30,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
-from dynamo.llm import KvEventPublisher, ModelInput, ModelType, WorkerType, register_model
+from dynamo.llm import (
+    KvEventPublisher,
+    ModelInput,
+    ModelRuntimeConfig,
+    ModelType,
+    WorkerType,
+    register_model,
+)
 from dynamo.runtime import DistributedRuntime
 
 _FINISH = {"stop": "stop", "length": "length"}
@@ -98,14 +105,28 @@ async def main(args: argparse.Namespace) -> None:
     endpoint = runtime.endpoint(args.endpoint)
     forward = Forwarder(args.replica_socket, args.model_name, args.served_file)
     # Created before serving, as Dynamo's own workers do; it subscribes to the relay.
+    # A worker-local indexer, as Dynamo's vLLM worker has by default: the router's recovery
+    # target for gaps in a worker's events (without it the router flags the worker's source).
     publisher = KvEventPublisher(endpoint, kv_block_size=args.block_size,
-                                 zmq_endpoint=args.events, zmq_topic="")
+                                 zmq_endpoint=args.events, zmq_topic="",
+                                 enable_local_indexer=True)
     await asyncio.gather(
         endpoint.serve_endpoint(forward.generate),
         register_model(ModelInput.Tokens, ModelType.Chat | ModelType.Completions, endpoint,
                        args.model_path, args.model_name, worker_type=WorkerType.Aggregated,
-                       kv_cache_block_size=args.block_size))
+                       kv_cache_block_size=args.block_size, runtime_config=engine_config(args)))
     del publisher
+
+
+def engine_config(args: argparse.Namespace) -> ModelRuntimeConfig:
+    """What Dynamo's vLLM worker tells the router about its engine (``dynamo/vllm/main.py``):
+    the replica's KV capacity in router-sized blocks and its sequence limit."""
+    config = ModelRuntimeConfig()
+    config.total_kv_blocks = args.total_kv_blocks
+    config.max_num_seqs = args.max_num_seqs
+    config.enable_local_indexer = True
+    config.kv_event_publishing_enabled = True
+    return config
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -116,6 +137,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model-name", required=True)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--served-file", required=True, help="where the request count is kept")
+    p.add_argument("--total-kv-blocks", type=int, help="the replica's KV, in --block-size")
+    p.add_argument("--max-num-seqs", type=int, help="the replica's concurrent requests")
     p.add_argument("--endpoint", default="dyn://kvroute.backend.generate")
     return p.parse_args(argv)
 

@@ -123,6 +123,7 @@ def check_dynamo(bench: dict[str, Any], started: list[compare.Subprocess]) -> No
         "dynamo.frontend", "dynamo_shim.py", "dynamo_shim.py"]
     assert bench["bridge_cpu_s_per_request"] > 0
     assert 0 < bench["router_predicted_hit_rate"] <= 1  # it routed on the replicas' events
+    assert bench["router_kv_events_applied"].get("stored/ok", 0) > 0
     (dyn,) = [p for p in started if isinstance(p, DynamoRun)]
     assert len(dyn.pids) == 5  # frontend, two shims, the relays in and out of the namespace
     assert not [pid for pid in dyn.pids if psutil.pid_exists(pid)]
