@@ -118,7 +118,10 @@ def _program(cmd: list[str]) -> str:
     """The program of a command line; for a python, the script or ``-m`` module it runs."""
     prog = cmd[0].split(" ")[0]
     if os.path.basename(prog).startswith("python") and len(cmd) > 1:
-        return cmd[2] if cmd[1] == "-m" and len(cmd) > 2 else cmd[1]
+        if cmd[1] == "-m" and len(cmd) > 2:
+            return cmd[2]
+        if not cmd[1].startswith("-"):  # a script; `-c CODE` and other flags: the python
+            return cmd[1]
     return prog
 
 

@@ -105,7 +105,10 @@ async def test_a_slow_redis_cannot_hold_up_maintenance(tiny_model_dir: Path) -> 
           f"{took:.2f} s, {server.answered} commands answered")
     assert all(isinstance(x, dict) for x in lookups)
     # stats() gave up at its deadline (before: all 1 + MODELS of its round trips, > 1 s)
-    assert core.index.errors["stats"] == 1  # type: ignore[attr-defined]
+    # Under heavy load purge_dead, which runs first, can hit its own deadline; that opens
+    # the breaker and stats() is skipped, which bounds the tick just as well.
+    errors = core.index.errors  # type: ignore[attr-defined]
+    assert errors["stats"] == 1 or (errors["stats"] == 0 and errors["purge_dead"] >= 1), errors
     assert server.answered < MODELS
 
 
