@@ -206,7 +206,8 @@ class RouterCore:
         if lease_s <= sent_lease_s:
             return
         work = WorkRequest(f"{req.request_id}-lease", req.token_ids + gen.sent,
-                           SamplingParams(max_tokens=1), cache_salt=req.tenant, lease_s=lease_s)
+                           SamplingParams(max_tokens=1), cache_salt=req.tenant, lease_s=lease_s,
+                           background=True)
         self._spawn(self._renew(gen.model, gen.replica, work))
 
     async def _renew(self, model: str, replica: str, work: WorkRequest) -> None:

@@ -186,7 +186,8 @@ class Prewarmer:
                     return
                 for p in plan:
                     work = WorkRequest(f"prewarm-{uuid.uuid4().hex[:12]}", p.ids.tolist(),
-                                       SamplingParams(max_tokens=1), cache_salt=p.tenant)
+                                       SamplingParams(max_tokens=1), cache_salt=p.tenant,
+                                       background=True)
                     if not await self._send(model, replica, work, p.hashes):
                         break
                     sent += 1

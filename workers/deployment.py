@@ -24,6 +24,7 @@ from workers.engines import make_engine
 from workers.loopback import LoopbackServer
 from workers.protocol import (
     AutoscalingStats,
+    BackgroundWork,
     Chunk,
     EngineError,
     Final,
@@ -74,6 +75,7 @@ class ModelWorker:
         self._engine = make_engine(self._cfg, self._replica, idx.block_size)
         self._ids = itertools.count()  # engine request ids (_engine_id)
         self._started = 0  # requests begun, for the autoscaler's work per request
+        self._background = BackgroundWork()  # the router's own requests: not demand
         self._handoffs = 0  # streams sent over the loopback socket (reported in load())
         await self._engine.start()
         self._publisher: IndexPublisher | None = None
@@ -111,7 +113,10 @@ class ModelWorker:
         """Stream one generation. ``kvroute_rank`` is consumed by the request router."""
         req = GenerateRequest(self._engine_id(request.request_id), request.token_ids,
                               request.sampling, request.cache_salt, request.lease_s)
-        self._started += 1
+        if request.background:
+            self._background.running_tokens += len(req.token_ids)
+        else:
+            self._started += 1
         spans = GenerationSpans(request.trace, {
             "gen_ai.request.model": self._cfg.name, "kvroute.replica": self._replica,
             "gen_ai.usage.input_tokens": len(req.token_ids),
@@ -141,6 +146,11 @@ class ModelWorker:
                 await relay.aclose()  # its slot goes, its socket closes
             await items.aclose()  # the client left (Serve's cancel): the engine aborts
             spans.finish(final.usage if final else None, error=final is None)
+            if request.background:
+                self._background.running_tokens -= len(req.token_ids)
+                if final is not None:
+                    u = final.usage
+                    self._background.prefilled_tokens += u.prompt_tokens - u.cached_tokens
 
     async def _relay(self, loopback: LoopbackServer, first: TokenChunk,
                      items: AsyncIterator[TokenChunk | Finished | Rejected]
@@ -195,7 +205,8 @@ class ModelWorker:
 
     async def record_autoscaling_stats(self) -> dict[str, float]:
         """Serve's custom autoscaling metrics (read by ``deploy.autoscale_policy``)."""
-        return AutoscalingStats.from_load(self._engine.load(), self._started).to_serve()
+        return AutoscalingStats.from_load(self._engine.load(), self._started,
+                                          self._background).to_serve()
 
     async def check_health(self) -> None:
         await self._engine.check_health()

@@ -121,6 +121,15 @@ class LoadStats:
 FALLBACK_PREFILL_TOK_S = 4000.0  # as the router's prior (RouterConfig.prefill_tokens_per_s)
 
 
+@dataclass(slots=True)
+class BackgroundWork:
+    """A worker's tally of ``WorkRequest.background`` requests: prompt tokens of those
+    running (a bound on their prefill still queued) and uncached tokens of those done."""
+
+    running_tokens: int = 0
+    prefilled_tokens: int = 0
+
+
 @dataclass(frozen=True, slots=True)
 class AutoscalingStats:
     """What a worker reports to Serve's autoscaler (``record_autoscaling_stats``), read by
@@ -142,11 +151,16 @@ class AutoscalingStats:
     PREFIX: ClassVar[str] = "kvroute_"
 
     @classmethod
-    def from_load(cls, load: LoadStats, requests_total: int) -> AutoscalingStats:
+    def from_load(cls, load: LoadStats, requests_total: int,
+                  background: BackgroundWork | None = None) -> AutoscalingStats:
+        """``background``: the router's own work on this replica, taken out of the demand
+        (pre-warm on a new replica must not read as load that asks for more replicas)."""
+        bg = background or BackgroundWork()
         rate = load.prefill_rate()
-        backlog_s = load.queued_prefill_tokens / rate
+        backlog_s = max(0, load.queued_prefill_tokens - bg.running_tokens) / rate
         done_s = load.prefill_busy_s if load.prefill_busy_s > 0 \
             else load.prefill_tokens_total / rate
+        done_s = max(0.0, done_s - bg.prefilled_tokens / rate)
         return cls(backlog_s, done_s + backlog_s, requests_total, load.decode_batch,
                    load.kv_usage)
 
@@ -185,7 +199,8 @@ class WorkRequest:
     request's KV for that long after it ends, before unleased KV goes (``router.leases``;
     engines without leases ignore it). ``loopback_node``: set by a router with
     ``router.stream_transport: loopback``; a replica on that node answers with a
-    ``Handoff`` and sends the chunks over its loopback socket (``workers.loopback``)."""
+    ``Handoff`` and sends the chunks over its loopback socket (``workers.loopback``).
+``background``: kept out of the autoscaling stats (``AutoscalingStats.from_load``)."""
 
     request_id: str
     token_ids: list[int]
@@ -194,6 +209,7 @@ class WorkRequest:
     cache_salt: str | None = None
     lease_s: float = 0.0
     loopback_node: str | None = None  # the router's Ray node: stream chunks over loopback
+    background: bool = False  # the router's own work (pre-warm, lease renewal): not demand
 
 
 @dataclass(frozen=True, slots=True)

@@ -92,3 +92,36 @@ def test_repeat_is_cached_and_index_fills_from_events(
             break
         time.sleep(0.5)
     assert held.get(first["replica"], 0) >= 0.8 * len(hashes), (held, len(hashes))
+
+
+def _generate(handle: Any, work: Any) -> None:
+    for _ in handle.options(stream=True).generate.remote(work):
+        pass
+
+
+@pytest.mark.parametrize("engine_stack", [PARAMS[0]], indirect=True)  # sim: exact seconds
+def test_the_routers_own_work_is_not_autoscaling_demand(engine_stack: dict[str, Any]) -> None:
+    """Pre-warm and lease renewals (``WorkRequest.background``) are served, but the replica
+    leaves them out of the stats the kvroute autoscaling policy reads as demand."""
+    from ray import serve
+
+    from deploy import runtime
+    from workers.protocol import AutoscalingStats, SamplingParams, WorkRequest
+
+    handle = serve.get_deployment_handle(engine_stack["model"], app_name=runtime.APP_NAME)
+
+    def stats() -> AutoscalingStats:
+        got = AutoscalingStats.from_serve(handle.record_autoscaling_stats.remote().result())
+        assert got is not None
+        return got
+
+    ids = list(range(10, 2010))
+    _generate(handle, WorkRequest("warm-1", ids, SamplingParams(max_tokens=1), background=True))
+    after_bg = stats()
+    assert after_bg.requests_total == 0
+    assert after_bg.prefill_work_s == pytest.approx(0.0, abs=1e-3)
+    _generate(handle, WorkRequest("user-1", list(range(3000, 5000)),
+                                  SamplingParams(max_tokens=1)))
+    after_user = stats()
+    assert after_user.requests_total == 1
+    assert after_user.prefill_work_s == pytest.approx(2000 / 50000.0, rel=0.05)
