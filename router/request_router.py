@@ -43,6 +43,11 @@ class KvRequestRouter(RequestRouter):
         rank: list[str] = []
         if pending_request is not None:
             rank = list(pending_request.kwargs.get(RANK_KWARG) or [])
+            # Every candidate is offered each round, so a round where all are full must back
+            # off before the next: Serve retries at once when this is False (its default),
+            # and a saturated deployment then spun probing queue lengths (108k probe
+            # timeouts in minutes, the router replica starved past its health check).
+            pending_request.routing_context.should_backoff = True
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
         ranks = [[by_id[rid]] for rid in rank if rid in by_id]
         ranked = set(rank)
