@@ -390,7 +390,7 @@ def _write(args: argparse.Namespace, benches: dict[str, Any], records: dict[str,
 
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        args.out.write_text(report.json_text(result) + "\n")
     if args.plot:
         title = f"{args.workload}: " + (", ".join(benches) if len(benches) <= 3
                                         else f"{len(benches)} runs")

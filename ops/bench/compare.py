@@ -55,6 +55,7 @@ from ops.bench.client import Client, LoadSpec, Record, Runner, agent_driver, tra
 from ops.bench.dynamo_peer import DynamoRun
 from ops.bench.procs import Subprocess, free_port
 from ops.bench.report import bench_json, stats
+from ops.bench.tail import tail_fields
 from ops.bench.workloads import AgentParams, AgentWorkload, trace_requests
 
 ROUTERS = ("kvroute", "round-robin", "sglang-router", "smg", "vllm-router",
@@ -206,6 +207,7 @@ async def run_one(name: str, target: str, spec: CompareSpec, show: bool,
     rate = spec.sim.get("prefill_tok_s") if spec.engine == "sim" else None
     bench = bench_json(records, workload="trace" if spec.trace else "agent", policy=name,
                        replicas=spec.replicas, params=params, prefill_tok_s=rate)
+    bench.update(tail_fields(records, rate))  # per-request rows, the TTFT tail's split
     return records, bench
 
 

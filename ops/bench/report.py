@@ -16,6 +16,7 @@ Definitions, on the client's clock:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,20 @@ def validate(bench: Mapping[str, Any]) -> None:
     import jsonschema
 
     jsonschema.validate(dict(bench), BENCH_SCHEMA)
+
+
+def json_text(obj: Any, indent: int = 2, level: int = 0) -> str:
+    """``json.dumps(obj, indent=2)``, but a list of scalars stays on one line (so the
+    per-request rows of ``bench compare`` take a line each)."""
+    pad, inner = " " * indent * level, " " * indent * (level + 1)
+    if isinstance(obj, dict) and obj:
+        items = (f"{inner}{json.dumps(str(k))}: {json_text(v, indent, level + 1)}"
+                 for k, v in obj.items())
+        return "{\n" + ",\n".join(items) + f"\n{pad}}}"
+    if isinstance(obj, list | tuple) and any(isinstance(v, dict | list | tuple) for v in obj):
+        items = (f"{inner}{json_text(v, indent, level + 1)}" for v in obj)
+        return "[\n" + ",\n".join(items) + f"\n{pad}]"
+    return json.dumps(obj)
 
 
 def stats(xs: Sequence[float], pcts: Sequence[int]) -> dict[str, float]:

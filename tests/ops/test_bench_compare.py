@@ -91,6 +91,7 @@ def test_short_compare_on_sim(ray_local: None, serve_port: int, tiny_model_dir: 
         assert bench["cpu_s_per_request"] > 0 and bench["cpu_s_by_process"], name
         assert bench["replica_cpu_s_per_request"] > 0, name
         assert set(bench["added_latency_s"]) >= {"p50", "p99", "router_p50", "direct_p50"}
+        assert len(bench["per_request"]["rows"]) == bench["requests"]  # ops.bench.tail
         if name not in ("kvroute", "dynamo"):
             assert bench["params"]["router_flags"]["--policy"], name
     flags = result["routers"]["vllm-router"]["params"]
@@ -99,6 +100,7 @@ def test_short_compare_on_sim(ray_local: None, serve_port: int, tiny_model_dir: 
     assert any("ServeReplica:kvroute:kvroute-router" in k
                for k in result["routers"]["kvroute"]["cpu_s_by_process"])
     assert len(result["routers"]["round-robin"]["per_replica_requests"]) == 2
+    assert result["routers"]["kvroute"]["ttft_tail"]["queue_wait_s"] >= 0  # replica known
     assert len(result["endpoints"]) == 2
     for key in ("router_overhead_s", "serve_proxy_overhead_s"):
         assert set(result[key]) == {"p50", "p99"}
