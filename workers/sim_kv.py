@@ -24,8 +24,21 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass
 
 from cache_service.events import AllBlocksCleared, BlockRemoved, BlockStored, CacheEvent
+
+
+@dataclass(slots=True)
+class LeaseCounts:
+    """What became of leased blocks (cumulative): whether leases hold until the session's
+    next turn, or the cap or their length lose them first."""
+
+    granted: int = 0  # blocks leased when a request ended (a renewal counts again)
+    refused: int = 0  # blocks a request would have leased that the cap left out
+    hit: int = 0  # leased blocks a later request found on the device
+    expired: int = 0  # leases that ran out unused (ordinary LRU blocks again)
+    evicted: int = 0  # leased blocks evicted before their deadline (nothing unleased left)
 
 
 class SimKv:
@@ -44,6 +57,7 @@ class SimKv:
         self.reserved = 0  # device slots of blocks being prefilled or reloaded
         self.events: list[CacheEvent] = []
         self._next_expiry = float("inf")
+        self.lease_counts = LeaseCounts()
 
     # -- queries -------------------------------------------------------------------------
     def on_device(self, h: int) -> bool:
@@ -73,7 +87,9 @@ class SimKv:
     # -- a request's life ------------------------------------------------------------------
     def pin(self, h: int, owner: list[int]) -> None:
         self.free.pop(h, None)
-        self.leased.pop(h, None)
+        if h in self.leased:
+            del self.leased[h]
+            self.lease_counts.hit += 1
         self.pinned[h] = self.pinned.get(h, 0) + 1
         owner.append(h)
 
@@ -101,6 +117,9 @@ class SimKv:
             until = max(lease_until if h in mine or h in old else 0.0, old.get(h, 0.0))
             if until > now and len(leases) < room:
                 leases[h] = until
+            elif until > now:
+                self.lease_counts.refused += 1
+        self.lease_counts.granted += len(leases)
         for h in reversed(freed):
             if h in leases:
                 self.leased[h] = None
@@ -120,7 +139,8 @@ class SimKv:
         while need > 0 and (self.free or self.leased):
             pool = self.free if self.free else self.leased
             h, _ = pool.popitem(last=False)
-            self.deadline.pop(h, None)
+            if self.deadline.pop(h, None) is not None:
+                self.lease_counts.evicted += 1
             victims.append(h)
             need -= 1
         self._demote(victims)
@@ -153,6 +173,7 @@ class SimKv:
     def _expire(self, now: float) -> None:
         """Expired leases become the least recently used unleased blocks."""
         gone = [h for h in self.leased if self.deadline.get(h, 0.0) <= now]
+        self.lease_counts.expired += len(gone)
         for h in reversed(gone):
             del self.leased[h]
             self.deadline.pop(h, None)

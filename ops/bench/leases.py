@@ -2,6 +2,14 @@
 sessions' working set, leases on and off, same seed.
 
     python -m ops.bench.leases --duration 90 --concurrency 8 --kv-blocks 350
+    python -m ops.bench.leases --duration 90 --concurrency 24 --kv-blocks 580 \
+        --tool-time-s 3 --user-time-s 30 --rounds 2
+
+``--concurrency`` is the number of sessions alive at once (closed loop: a session that
+ends is replaced by a new one). A session in a think time is idle, sending nothing, while
+the others keep the replicas busy: ``--tool-time-s`` is the median pause after a turn that
+called a tool (the tool runs), ``--user-time-s`` the median pause after a task's final
+answer before the user's next task (log-normal, sigma 0.8; ``AgentParams``).
 
 Each run deploys ``--replicas`` sim replicas (``kv_blocks`` each, ``lease_fraction``)
 behind the kvroute router with a throwaway redis-server index and drives the agent
@@ -12,7 +20,13 @@ tool call in the model's format (``workers/sim_script.py``: the bench appends a 
 message to those requests only), and its final turns with plain text, so the router sees
 how each turn ended (``router.leases.by_ending``). Runs alternate leases off, then on,
 ``--rounds`` times; printed per run: requests, TTFT p50 / mean / p99, cached-token ratio,
-and the lease renewals the router sent (final answers).
+the lease renewals the router sent (final answers), and the working set against the cache:
+
+    working set per replica = shared + sessions / replicas * (mean prompt - shared)
+
+where ``shared`` is the system prompt and tools (the median cached tokens of the sessions'
+first turns that hit: a first turn can only hit that shared prefix) and ``mean prompt``
+the mean prompt tokens of the run (a session's history, time-averaged over its turns).
 """
 
 from __future__ import annotations
@@ -21,13 +35,17 @@ import argparse
 import asyncio
 import functools
 import json
+import os
 import re
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 
+from cache_service.hashing import DEFAULT_BLOCK_SIZE as BLOCK_SIZE
 from ops.bench.client import Client, LoadSpec, Record, Runner, agent_driver
 from ops.bench.prewarm import local_runs
 from ops.bench.report import bench_json
@@ -81,24 +99,37 @@ def build_config(model_path: str, redis_url: str, port: int, *, leases: bool,
 
 
 async def _measure(url: str, workload: AgentWorkload, args: argparse.Namespace
-                   ) -> tuple[list[Record], float]:
+                   ) -> tuple[list[Record], float, str]:
     spec = LoadSpec(duration_s=args.duration, concurrency=args.concurrency, ramp_s=5.0,
                     seed=args.seed)
     async with Client(url, MODEL, identity=True) as client:
         records = await Runner(client, spec, "leases", show=False).run(
             agent_driver(workload, spec))
+    load = os.getloadavg()  # the machine is shared: each run says how busy it was
     await asyncio.sleep(1.2)  # /metrics is a snapshot up to ~1 s old
     async with httpx.AsyncClient(timeout=10) as http:
         text = (await http.get(f"{url}/metrics")).text
     renewals = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                    if line.startswith("kvroute_lease_renewals_total{"))
-    return records, renewals
+    return records, renewals, f"{time.strftime('%H:%M', time.gmtime())} load {load[0]:.1f}"
+
+
+def working_set(records: list[Record], args: argparse.Namespace) -> dict[str, float]:
+    """The sessions' working set per replica over the device cache (module docstring)."""
+    ok = [r for r in records if r.ok]
+    firsts = [r.cached_tokens for r in ok if r.key.endswith(".t0") and r.cached_tokens]
+    shared = float(np.median(firsts)) if firsts else 0.0
+    prompt = float(np.mean([r.prompt_tokens for r in ok])) if ok else 0.0
+    per_replica = shared + args.concurrency / args.replicas * max(0.0, prompt - shared)
+    return {"shared_tokens": round(shared), "mean_prompt_tokens": round(prompt),
+            "working_set_ratio": round(per_replica / (args.kv_blocks * BLOCK_SIZE), 2)}
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     from ops.tiny_model import ensure_model
 
-    params = AgentParams(seed=args.seed, compact_tokens=args.compact_tokens)
+    params = AgentParams(seed=args.seed, compact_tokens=args.compact_tokens,
+                         tool_time_s=args.tool_time_s, user_time_s=args.user_time_s)
     workload = MarkedWorkload(params)
     tool = workload.tools[0]["function"]["name"]
     order = [on for _ in range(args.rounds) for on in (False, True)]
@@ -110,15 +141,16 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                                     script_path=str(path)) for on in order]
         out = []
         results = local_runs(builds, lambda url: asyncio.run(_measure(url, workload, args)))
-        for on, (records, renewals) in zip(order, results, strict=True):
+        for on, (records, renewals, when) in zip(order, results, strict=True):
             bench = bench_json(records, workload="agent", policy="kvroute",
                                replicas=args.replicas, params=vars(args))
-            row = {"leases": on, "requests": bench["requests"], "errors": bench["errors"],
+            row = {"leases": on, "ended": when, "requests": bench["requests"],
+                   "errors": bench["errors"],
                    "ttft_p50_s": round(bench["ttft_s"]["p50"], 3),
                    "ttft_mean_s": round(bench["ttft_s"]["mean"], 3),
                    "ttft_p99_s": round(bench["ttft_s"]["p99"], 3),
                    "cached_ratio": round(bench["cached_token_ratio"], 4),
-                   "renewals": int(renewals)}
+                   "renewals": int(renewals), **working_set(records, args)}
             print(row, flush=True)
             out.append(row)
     return out
@@ -135,14 +167,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--lease-fraction", type=float, default=0.5)
     p.add_argument("--prefill-tok-s", type=float, default=20000.0)
     p.add_argument("--tpot-s", type=float, default=0.01)
+    p.add_argument("--tool-time-s", type=float, default=AgentParams().tool_time_s,
+                   help="Median pause after a tool-call turn (the tool runs).")
+    p.add_argument("--user-time-s", type=float, default=AgentParams().user_time_s,
+                   help="Median pause after a task's final answer (the user thinks).")
     p.add_argument("--compact-tokens", type=int, default=20000,
                    help="The workload compacts a session's history past this size.")
     rows = run(p.parse_args(argv))
-    print("\nleases  requests  TTFT p50   mean    p99   cached  renewals")
+    print("\nleases  requests  TTFT p50   mean    p99   cached  renewals  working set / cache"
+          "  ended (UTC), load")
     for r in rows:
         print(f"{'on ' if r['leases'] else 'off'}     {r['requests']:>8}  {r['ttft_p50_s']:6.3f} "
               f"{r['ttft_mean_s']:6.3f} {r['ttft_p99_s']:6.3f}  {100 * r['cached_ratio']:5.1f}%"
-              f"  {r['renewals']:>8}")
+              f"  {r['renewals']:>8}  {r['working_set_ratio']:.2f}  {r['ended']}")
 
 
 if __name__ == "__main__":

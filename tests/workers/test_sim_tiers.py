@@ -128,3 +128,24 @@ def test_leases_hold_at_most_their_fraction_leading_blocks_first() -> None:
 
 def removed_of(events: list[CacheEvent]) -> list[int]:
     return [h for e in events if isinstance(e, BlockRemoved) for h in e.hashes]
+
+
+def test_lease_counts_say_what_became_of_leased_blocks() -> None:
+    """Granted, refused by the cap, hit by the next turn, expired unused, evicted early."""
+    p = SimParams(kv_blocks=6, block_size=4, prefill_tok_s=1e6, tpot_s=0.01, lease_fraction=0.5)
+    core = SimCore(p, "m", "r")
+    counts = core.kv.lease_counts
+    core.submit(SimRequest("a", [1, 2], 8, 1, lease_s=10.0), 0.0)
+    core.submit(SimRequest("b", [3, 4], 8, 1, lease_s=10.0), 0.0)
+    drain(core)
+    assert (counts.granted, counts.refused) == (3, 1)  # the cap is 3 blocks: 4 is left out
+    core.submit(SimRequest("a2", [1, 2, 5], 12, 1, lease_s=10.0), 1.0)
+    drain(core)
+    assert counts.hit == 2  # 1 and 2 were leased; 5 is new and fits no more
+    assert (counts.granted, counts.refused) == (5, 2)
+    core.submit(SimRequest("c", [6, 7, 8, 9], 16, 1), 2.0)  # unleased 4, 5 go, then 3
+    drain(core)
+    assert (counts.evicted, counts.expired) == (1, 0)
+    core.submit(SimRequest("d", [10, 11], 8, 1), 30.0)  # 1 and 2 ran out unused
+    drain(core)
+    assert (counts.expired, counts.evicted, counts.hit) == (2, 1, 2)
