@@ -108,6 +108,8 @@ class SimKv:
             else:
                 del self.pinned[h]
                 freed.append(h)
+        if now >= self._next_expiry:  # run-out leases leave the cap (no eviction may run)
+            self._expire(now)
         old = {h: self.deadline.pop(h) for h in freed if h in self.deadline}
         # Leased blocks in use keep their place in the cap (``deadline`` holds them too):
         # else another session would take the room while this one runs its next turn.

@@ -149,3 +149,17 @@ def test_lease_counts_say_what_became_of_leased_blocks() -> None:
     core.submit(SimRequest("d", [10, 11], 8, 1), 30.0)  # 1 and 2 ran out unused
     drain(core)
     assert (counts.expired, counts.evicted, counts.hit) == (2, 1, 2)
+
+
+def test_an_expired_lease_frees_its_room_in_the_cap_without_an_eviction() -> None:
+    """Leases that ran out no longer count against ``lease_fraction``, also while the cache
+    has room (no eviction runs): else they refuse new leases for nothing."""
+    p = SimParams(kv_blocks=20, block_size=4, prefill_tok_s=1e6, tpot_s=0.01, lease_fraction=0.15)
+    core = SimCore(p, "m", "r")
+    core.submit(SimRequest("a", [1, 2, 3], 12, 1, lease_s=5.0), 0.0)
+    drain(core)
+    assert set(core.kv.leased) == {1, 2, 3}  # the cap: 3 blocks
+    core.submit(SimRequest("b", [4, 5], 8, 1, lease_s=5.0), 30.0)  # a's lease ran out at 5
+    drain(core)
+    assert set(core.kv.leased) == {4, 5}
+    assert core.kv.lease_counts.refused == 0
