@@ -98,3 +98,36 @@ def test_prewarm_off_is_configured_and_labelled() -> None:
     assert not cfg.router.prewarm.enabled and label(spec) == "serve-default@2-noprewarm"
     assert build_config(AutoscaleSpec(), "/m", "redis://127.0.0.1:1/0", 8123
                         ).router.prewarm.enabled
+
+
+def test_kvroute_objective_sweep_is_configured_and_labelled() -> None:
+    spec = AutoscaleSpec(policy="kvroute", ttft_target_s=6.0, policy_ttft_s=10.0)
+    cfg = build_config(spec, "/m", "redis://127.0.0.1:1/0", 8123)
+    assert cfg.models[0].autoscaling.ttft_target_s == 10.0 and label(spec) == "kvroute@10s"
+    same = AutoscaleSpec(policy="kvroute", ttft_target_s=6.0)
+    assert build_config(same, "/m", "redis://127.0.0.1:1/0", 8123
+                        ).models[0].autoscaling.ttft_target_s == 6.0
+    assert label(same) == "kvroute"
+
+
+def test_cli_runs_one_spec_per_policy_knob(monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    from ops.bench import autoscale, autoscale_cli
+
+    seen: list[AutoscaleSpec] = []
+
+    def fake_run(specs: list[AutoscaleSpec], **_: object) -> list[dict[str, object]]:
+        seen.extend(specs)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(autoscale, "run_autoscale", fake_run)
+    parser = argparse.ArgumentParser()
+    autoscale_cli.add_arguments(parser)
+    args = parser.parse_args(["--policy", "kvroute,serve-default", "--ttft-target", "6",
+                              "--policy-ttft", "6,9", "--target-ongoing", "0.5,1"])
+    with pytest.raises(SystemExit):
+        autoscale_cli.run(args)
+    assert [label(s) for s in seen] == ["kvroute", "kvroute@9s", "serve-default@0.5",
+                                        "serve-default@1"]
+    assert all(s.ttft_target_s == 6.0 for s in seen)
