@@ -16,6 +16,7 @@ from deploy.autoscale_policy import (
     clear_time,
     decide,
     learn_startup,
+    mean_wait,
 )
 
 T0 = 1000.0
@@ -46,11 +47,39 @@ def test_idle_fleet_goes_to_min() -> None:
 
 
 def test_few_long_prompts_scale_up_when_new_replicas_help_in_time() -> None:
-    # One replica holds 8 s of prefill (two requests, say): 6 s over the 2 s target.
-    # Replicas ready in 1 s: 4 end the overload at once (7 s left over 4 <= 2 s each).
+    # One replica holds 8 s of prefill (two requests, say): arrivals would wait 6 s over
+    # the 2 s target. Its queue stays its own, but a replica ready in 1 s takes arrivals
+    # from then on: one more ends the overload as soon as any number would.
     s = snap(8.0)
     d = decide(s, PARAMS, seen(s))
-    assert d.replicas == 4 and "4 needed" in d.reason
+    assert d.replicas == 2 and "2 needed" in d.reason
+
+
+def test_a_replicas_own_queue_is_not_shared_by_new_replicas() -> None:
+    # 4 replicas with 10 s queued each, 3 prefill-s/s arriving at 0.5 s each (Tq 1.5 s).
+    # New replicas only take arrivals: 2 absorb them from 1 s on, while the 4 work off
+    # their queues. Pooling the 40 s over the fleet (as if new replicas drained it too)
+    # asked for all 8.
+    s = snap(10.0, 10.0, 10.0, 10.0, work_rate=3.0, request_rate=6.0)
+    assert decide(s, PARAMS, seen(s)).replicas == 6
+    # one long prefill on one replica, the others idle: arrivals go to the idle ones
+    one = snap(0.0, 0.0, 0.0, 15.0, work_rate=0.5, request_rate=0.5)
+    d = decide(one, Params(6.0, 2.0), seen(one))
+    assert d.needed == 1 and d.replicas == 4  # held only while that backlog is over T
+
+
+def test_steady_load_is_one_queue_over_the_fleet() -> None:
+    # A tick from bench autoscale's controller log: no backlog, 2.03 prefill-s/s at
+    # 4.29 s per request, target 6 s (Tq 1.71 s). As 8 M/M/1 queues (rho <= 0.285) that
+    # asked for 8 replicas; the router's least-TTFT choice makes one M/M/n queue, where
+    # 4 replicas wait 0.39 s on average and 3 wait 2.03 s.
+    s = snap(0.0, 0.0, work_rate=2.03, request_rate=2.03 / 4.29)
+    assert decide(s, Params(6.0, 2.0), seen(s)).replicas == 4
+    assert mean_wait(4, 2.03, 4.29) == pytest.approx(0.395, abs=1e-3)
+    assert mean_wait(3, 2.03, 4.29) == pytest.approx(2.028, abs=1e-3)
+    rho = 0.6  # one server: Erlang C is M/M/1
+    assert mean_wait(1, rho, 2.0) == pytest.approx(2.0 * rho / (1 - rho))
+    assert mean_wait(2, 2.0, 1.0) == math.inf
 
 
 def test_backlog_new_replicas_cannot_reach_in_time_does_not_scale() -> None:
@@ -105,7 +134,7 @@ def test_offered_load_is_smoothed_and_kept_when_unknown() -> None:
 
 
 def test_bounds_clip_the_answer() -> None:
-    s = snap(40.0, hi=3)
+    s = snap(0.0, hi=3, work_rate=1.0, request_rate=1.0, queued=40.0)
     assert decide(s, PARAMS, seen(s)).replicas == 3
     assert decide(snap(0.0, lo=2, hi=3), PARAMS, State()).replicas == 2
     overloaded = snap(0.0, hi=3, work_rate=10.0, request_rate=10.0)
@@ -113,9 +142,9 @@ def test_bounds_clip_the_answer() -> None:
 
 
 def test_never_scales_down_while_a_backlog_is_above_target() -> None:
-    s = snap(2.5, 0.0, 0.0)  # 2.5 s fits on 2 replicas, but r0's own queue is over 2 s
+    s = snap(2.5, 0.0, 0.0)  # arrivals fit on 1 idle replica, but r0's queue is over 2 s
     d = decide(s, PARAMS, seen(s))
-    assert d.replicas == 3 and "held" in d.reason and d.needed == 2
+    assert d.replicas == 3 and "held" in d.reason and d.needed == 1
     below = snap(1.9, 0.0, 0.0)
     assert decide(below, PARAMS, seen(below)).replicas == 1
 
@@ -154,9 +183,13 @@ def test_starting_replicas_count_as_capacity_once_started() -> None:
 
 
 def test_clear_time_fluid_model() -> None:
-    assert clear_time(0.0, 0.0, [0.0], 2.0) == 0.0
-    assert clear_time(8.0, 0.0, [0.0], 2.0) == pytest.approx(6.0)
-    assert clear_time(8.0, 0.0, [0.0, 1.0, 1.0, 1.0], 2.0) == pytest.approx(1.0)
-    assert clear_time(8.0, 0.0, [0.0, 1.0, 1.0], 2.0) == pytest.approx(1.0 + 1.0 / 3)
-    assert clear_time(1.0, 2.0, [0.0, 0.0], 0.1) == math.inf  # arrivals outpace 2 replicas
-    assert clear_time(5.0, 1.0, [2.0], 1.0) == math.inf  # 1 replica, 1 s/s arriving
+    assert clear_time(0.0, 0.0, [(0.0, 0.0)], 2.0) == 0.0
+    # 8 s queued on the only replica: it takes arrivals again once 2 s are left
+    assert clear_time(0.0, 0.0, [(6.0, 2.0)], 2.0) == pytest.approx(6.0)
+    assert clear_time(0.0, 0.0, [(1.0, 0.0), (6.0, 2.0)], 2.0) == pytest.approx(1.0)
+    # 8 s waiting at the handles is any replica's: shared as replicas join
+    assert clear_time(8.0, 0.0, [(0.0, 0.0)] + [(1.0, 0.0)] * 3, 2.0) == pytest.approx(1.0)
+    assert clear_time(8.0, 0.0, [(0.0, 0.0), (1.0, 0.0), (1.0, 0.0)], 2.0
+                      ) == pytest.approx(1.0 + 1.0 / 3)
+    assert clear_time(1.0, 2.0, [(0.0, 0.0)] * 2, 0.1) == math.inf  # arrivals outpace 2
+    assert clear_time(5.0, 1.0, [(2.0, 0.0)], 1.0) == math.inf  # 1 replica, 1 s/s arriving
