@@ -158,6 +158,8 @@ def _report(out_dir: Path, run: dict[str, Any]) -> dict[str, Any]:
         by_process[label] = {
             "cpu_ms_per_request": round(1000 * sum(threads.values()) / n, 2),
             "python_threads_ms_per_request": round(1000 * py_s / n, 2),
+            "system_ms_per_request": round(1000 * run.get("system_s_run", {}).get(label, 0) / n,
+                                           2),
             "busy_samples": dict(samples.most_common()),
             "python_threads_by_category_ms_per_request": cats,
             "other_threads_ms_per_request": native,
@@ -181,8 +183,10 @@ async def _measure(url: str, spec: Any, args: argparse.Namespace) -> dict[str, A
     spies = {k: _pyspy(p.pid, args.out / f"{k}.txt", args.rate, not args.nonblocking)
              for k, p in labels.items()}
     start = {k: thread_cpu(p) for k, p in labels.items()}
+    kernel = {k: p.cpu_times().system for k, p in labels.items()}
     records, bench = await compare.run_one("kvroute", url, spec, False, headers)
     threads = {k: delta(start[k], thread_cpu(p)) for k, p in labels.items()}
+    kernel = {k: round(p.cpu_times().system - kernel[k], 3) for k, p in labels.items()}
     for spy in spies.values():
         spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
     for spy in spies.values():
@@ -190,6 +194,7 @@ async def _measure(url: str, spec: Any, args: argparse.Namespace) -> dict[str, A
     ok = [r for r in records if r.ok]
     return {
         "idle_s": args.idle, "threads_idle_s": idle, "threads_run_s": threads,
+        "system_s_run": kernel,  # of the run's CPU, in the kernel (syscalls, wakeups)
         "requests": len(records), "errors": len(records) - len(ok),
         "window_s": bench["params"]["window_s"],
         "completion_tokens_per_request": sum(r.completion_tokens for r in ok) / max(1, len(ok)),
