@@ -45,7 +45,14 @@ __all__ = [
 
 class ServerConfig(Strict):
     host: str = Field("127.0.0.1", description="Bind address; loopback unless configured.")
-    port: int = Field(8000, ge=0, le=65535, description="HTTP port of the Serve proxy.")
+    port: int = Field(8000, ge=0, le=65535, description="HTTP port clients connect to.")
+    ingress: Literal["proxy", "direct"] = Field(
+        "proxy", description="Who serves `host:port`. proxy: Serve's HTTP proxy, which passes "
+        "each request and every streamed event to a router replica over gRPC. direct: every "
+        "router replica listens on `host:port` itself (SO_REUSEPORT; the kernel spreads "
+        "connections over a node's router replicas), one hop less per streamed event; Serve's "
+        "proxy moves to a free loopback port (docs/deploy.md).",
+    )
     proxy_location: Literal["EveryNode", "HeadOnly"] = Field(
         "EveryNode", description="Where Serve runs HTTP proxies (one per node, or head only)."
     )
@@ -66,6 +73,12 @@ class ServerConfig(Strict):
         "enforced by the router itself and by Serve's proxy (http_options): above the "
         "longest generation you serve; None = no limit.",
     )
+
+    @model_validator(mode="after")
+    def _direct_needs_a_port(self) -> ServerConfig:
+        if self.ingress == "direct" and self.port == 0:  # each replica would pick its own
+            raise ValueError("server.ingress 'direct' needs a fixed server.port, not 0")
+        return self
 
 
 class ResponsesConfig(Strict):
@@ -128,6 +141,10 @@ class KvrouteConfig(Strict):
             if target not in known:
                 raise ValueError(f"alias {pattern!r} names {target!r}, which is not a model "
                                  "or group of this config")
+        if self.server.ingress == "direct" and self.router.autoscaling is not None:
+            # Serve scales router replicas on the requests its proxy hands them: none here
+            raise ValueError("router.autoscaling needs server.ingress 'proxy': with 'direct' "
+                             "requests bypass Serve's proxy, so Serve sees no router load")
         return self
 
     def resolve(self, name: str) -> dict[str, float] | None:

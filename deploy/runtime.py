@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import time
 
 import httpx
@@ -43,10 +44,25 @@ def deploy(config: KvrouteConfig) -> str:
 
 
 def http_options(config: KvrouteConfig) -> dict[str, object]:
-    """Serve's proxy options: bind address and the end-to-end request timeout."""
+    """Serve's proxy options: bind address and the end-to-end request timeout. With
+    ``server.ingress: direct`` the router replicas hold ``host:port``, and the proxy (kept for
+    Serve's own use) gets a free loopback port."""
     server = config.server
-    return {"host": server.host, "port": server.port,
-            "request_timeout_s": server.request_timeout_s}
+    host, port = server.host, server.port
+    if server.ingress == "direct":
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            host, port = "127.0.0.1", sock.getsockname()[1]
+    return {"host": host, "port": port, "request_timeout_s": server.request_timeout_s}
+
+
+def proxy_url() -> str:
+    """Serve's HTTP proxy on this node: the clients' URL unless ``server.ingress`` is direct,
+    which moves the proxy to a free port (other apps deployed beside kvroute stay on it)."""
+    from ray.serve.context import _get_global_client
+
+    options = _get_global_client().http_config
+    return f"http://127.0.0.1:{options.port}"
 
 
 def wait_healthy(url: str, timeout_s: float = 600.0) -> float:

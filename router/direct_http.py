@@ -20,10 +20,8 @@ It serves, on ``127.0.0.1`` and a free port:
   (and ``/server_info``, ``/model_info``), ``/get_load``; ``POST /flush_cache`` is
   accepted and does nothing.
 
-It runs with uvicorn inside the replica's event loop, as one asyncio task, on a
-socket bound before the server starts (no port race); ``stop()`` sets
-``should_exit``. uvicorn's signal capture is disabled: the replica process, not
-this endpoint, owns SIGINT/SIGTERM. Prompts are encoded on one worker thread of
+It runs with uvicorn inside the replica's event loop (``router/asgi_server.py``: a socket
+bound first, no signal capture). Prompts are encoded on one worker thread of
 its own (``encode_batch`` releases the GIL), which ``stop()`` shuts down: a long
 prompt must not stall the engine that shares this event loop (a real serving
 stack tokenizes outside its scheduler too).
@@ -39,18 +37,14 @@ the ones of requests served here are dropped (nothing routes on them).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import json
 import logging
-import socket
-import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-import uvicorn
 from pydantic import BaseModel, Field, ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -60,6 +54,7 @@ from tokenizers import Tokenizer
 
 from router import openai_api as oa
 from router import tool_calls as tc
+from router.asgi_server import AsgiServer, bind
 from router.errors import ApiError, openai_error
 from router.openai_schema import ChatCompletionRequest, CompletionRequest, SamplingFields
 from router.tokenization import ChatTokenizer, TemplateRenderError, resolve_model_dir
@@ -76,21 +71,12 @@ Generate = Callable[[WorkRequest], AsyncIterator[WorkerMessage]]
 M = TypeVar("M", bound=BaseModel)
 log = logging.getLogger(__name__)
 DEFAULT_MAX_TOKENS = 1024
-_START_TIMEOUT_S = 30.0
 _STOP_TIMEOUT_S = 10.0
 
 
 class _DirectCompletion(CompletionRequest):
     return_token_ids: bool = Field(False, description="vLLM's: each streamed choice also "
                                    "carries the engine's token ids (``token_ids``)")
-
-
-class _Server(uvicorn.Server):
-    """uvicorn without signal capture: the replica owns the process's signals."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
 
 
 class _TokenGate:
@@ -123,8 +109,7 @@ class DirectHttp:
         self._encoder: Tokenizer | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._parser_family: str | None = None
-        self._server: _Server | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._server: AsgiServer | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
@@ -134,42 +119,15 @@ class DirectHttp:
                                                 "tokenizer.json"))
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="direct-http-encode")
         self._parser_family = tc.family_for_model(self.model_path)
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, 0))
-        config = uvicorn.Config(
-            self.app(), log_level="warning", access_log=False, lifespan="off",
-            timeout_keep_alive=75,
-        )
-        self._server = _Server(config)
-        self._task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[sock]))
-        deadline = time.monotonic() + _START_TIMEOUT_S
-        while not self._server.started:
-            if self._task.done():
-                sock.close()
-                self._task.result()  # raises the server's startup error
-                raise RuntimeError("direct HTTP server exited during startup")
-            if time.monotonic() > deadline:
-                await self.stop()
-                raise TimeoutError("direct HTTP server did not start")
-            await asyncio.sleep(0.01)
-        port = sock.getsockname()[1]
-        self.address = f"{self.host}:{port}"
+        self._server = AsgiServer(self.app(), bind(self.host), graceful_s=_STOP_TIMEOUT_S)
+        await self._server.start()
+        self.address = self._server.address
         log.info("direct OpenAI endpoint of %s on http://%s", self.model, self.address)
 
     async def stop(self) -> None:
-        if self._server is not None and self._task is not None:
-            self._server.should_exit = True
-            try:
-                await asyncio.wait_for(asyncio.shield(self._task), _STOP_TIMEOUT_S)
-            except TimeoutError:
-                self._server.force_exit = True
-                self._task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await self._task
-            except Exception:  # the server failed; it is stopped either way
-                log.exception("direct HTTP server failed")
-        self._server = self._task = None
+        if self._server is not None:
+            await self._server.stop()
+        self._server = None
         self.address = None
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)

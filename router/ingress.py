@@ -29,6 +29,7 @@ from router.auth import exposure_warning
 from router.client_guard import ClientGuardMiddleware
 from router.core import RouterCore
 from router.errors import ApiError, error_response
+from router.listener import Listener
 from router.loopback_stream import Loopback
 from router.metrics_hub import MetricsCache, push_metrics
 from router.openapi import kvroute_openapi
@@ -110,6 +111,22 @@ class Ingress:
         if warning := exposure_warning(self._config.server.host, self._core.auth):
             log.warning(warning)
         self._maintainer = asyncio.get_running_loop().create_task(self._maintain())
+        self._listener: Listener | None = None
+        if cfg.server.ingress == "direct":
+            self._listener = Listener(cfg.server.host, cfg.server.port)
+            self._listening = asyncio.get_running_loop().create_task(self._listen())
+
+    async def _listen(self) -> None:
+        """Serve the app on this replica's own listener (``server.ingress: direct``). Serve's
+        ingress wrapper sets ``_asgi_app`` (the app with its routes bound to this replica)
+        right after ``__init__`` returns, before this task first runs."""
+        assert self._listener is not None
+        app = getattr(self, "_asgi_app", None)
+        if app is None:
+            raise RuntimeError("Serve's ingress wrapper has not set the app")
+        await self._listener.start(app, serve.get_replica_context().app_name)
+        log.info("router replica %s listening on http://%s", self._replica,
+                 self._listener.address)
 
     async def _maintain(self) -> None:
         period = self._config.router.maintenance_s
@@ -124,6 +141,14 @@ class Ingress:
                 await push_metrics(self._hub, self._replica, timeout_s=period)
             except Exception as e:
                 log.warning("metrics push to the hub failed: %r", e)
+
+    async def check_health(self) -> None:
+        """Serve's replica health check: with ``server.ingress: direct``, a listener that
+        failed or stopped makes this replica unhealthy, so Serve replaces it."""
+        if self._listener is not None and self._listening.done():
+            self._listening.result()  # its start-up error, if any
+            if not self._listener.serving:
+                raise RuntimeError("the router replica's HTTP listener stopped")
 
     @app.get("/health")
     async def health(self) -> Response:
@@ -179,6 +204,8 @@ class Ingress:
         return await anthropic_routes.count_tokens(self._core, request)
 
     async def __del__(self) -> None:
+        if self._listener is not None:  # first: stop taking connections, finish open ones
+            await self._listener.stop()
         self._maintainer.cancel()
         await self._core.close()
         await self._responses.close()

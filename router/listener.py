@@ -1,0 +1,100 @@
+"""A router replica's own HTTP listener (``server.ingress: direct``).
+
+Through Serve's proxy, every streamed event crosses two more processes' worth of work: the
+replica hands each SSE write to Serve as one gRPC message, and the proxy's uvicorn writes it
+again (docs/benchmarks.md, issue 16). With ``direct``, each router replica serves
+``server.host:server.port`` itself. The socket has SO_REUSEPORT, so every router replica on a
+node listens on the same port and the kernel spreads new connections over them (a
+connection stays with its replica). Serve's proxy moves to a free loopback port
+(``deploy/runtime.py``).
+
+Of what the proxy did, this keeps the request id: the client's ``x-request-id`` (if it is a
+sane token) or a new one, set as Serve's request context, so the body id, logs and the echoed
+header agree as they do through the proxy. Not kept: Serve's own queueing of requests to
+router replicas (``max_ongoing_requests``); the router's admission and rate limits still
+apply. A replica that stops lets its open requests finish for ``graceful_s``.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import MutableMapping
+from typing import Any
+
+from ray.serve import context as serve_context
+from starlette.types import ASGIApp, Message, Receive, Send
+
+from router.asgi_server import AsgiServer, bind
+
+_SANE_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
+
+
+def request_id_of(scope: MutableMapping[str, Any]) -> str:
+    """The client's ``x-request-id`` if it is a plain token, else a new one (a header
+    echoed back must not carry what the client chose to put in it)."""
+    for name, value in scope.get("headers", ()):
+        if name == b"x-request-id" and _SANE_ID.fullmatch(value):
+            return value.decode()
+    return uuid.uuid4().hex
+
+
+class RequestIds:
+    """Serve's request context and the ``x-request-id`` response header, as the proxy sets
+    them, for requests that do not pass the proxy."""
+
+    def __init__(self, app: ASGIApp, app_name: str) -> None:
+        self.app, self.app_name = app, app_name
+
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Receive,
+                       send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        rid = request_id_of(scope)
+        # As Serve's RequestIdMiddleware: the id also travels on in the request's headers.
+        scope = {**scope, "headers": [*((k, v) for k, v in scope["headers"]
+                                        if k != b"x-request-id"),
+                                      (b"x-request-id", rid.encode())]}
+        # not is_http_request: Serve would then pass this request's handle calls as raw bytes
+        serve_context._serve_request_context.set(serve_context._RequestContext(  # noqa: SLF001
+            route=scope.get("path", ""), request_id=rid, app_name=self.app_name))
+        header = (b"x-request-id", rid.encode())
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), header]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
+class Listener:
+    """The socket is bound at construction, so a taken port fails the replica's start with a
+    clear error; ``start`` serves ``app`` on it."""
+
+    def __init__(self, host: str, port: int, graceful_s: float = 15.0) -> None:
+        try:
+            self._sock = bind(host, port, reuse_port=True)
+        except OSError as e:
+            raise RuntimeError(f"server.ingress 'direct': cannot listen on {host}:{port} ({e}); "
+                               "another program holds the port") from None
+        self.graceful_s = graceful_s
+        self._server: AsgiServer | None = None
+
+    @property
+    def address(self) -> str:
+        host, port = self._sock.getsockname()[:2]
+        return f"{host}:{port}"
+
+    @property
+    def serving(self) -> bool:
+        return self._server is not None and self._server.serving
+
+    async def start(self, app: ASGIApp, app_name: str) -> None:
+        self._server = AsgiServer(RequestIds(app, app_name), self._sock, self.graceful_s)
+        await self._server.start()
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            await self._server.stop()
+        self._sock.close()

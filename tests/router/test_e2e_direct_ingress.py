@@ -1,0 +1,115 @@
+"""``server.ingress: direct`` on real Serve: two router replicas listen on one port themselves
+(SO_REUSEPORT), one sim replica behind them.
+
+Through that port: health, answers equal to those through Serve's proxy (which still serves
+the app on its own port), the request id as the proxy gives it (the client's sane id
+echoed and used as the body id; an unsafe one replaced), new connections spread over both
+router replicas, and a client that leaves mid-stream leaves nothing running.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from deploy.config import IndexConfig, KvrouteConfig, RouterConfig, ServerConfig
+from tests.conftest import free_port
+from tests.stacks import deployed, sim_model
+
+pytestmark = pytest.mark.slow
+MODEL = "direct-sim"
+
+
+@pytest.fixture(scope="module")
+def stack(ray_local: None, tiny_model_dir: Path, serve_port: int) -> Iterator[tuple[str, str]]:
+    from ray import serve
+
+    # The session's proxy on its port whether or not an earlier test started it: a direct
+    # deployment alone would start it on a free port.
+    serve.start(http_options={"host": "127.0.0.1", "port": serve_port})
+    cfg = KvrouteConfig(
+        models=[sim_model(MODEL, tiny_model_dir, tpot_s=0.005)], index=IndexConfig(),
+        router=RouterConfig(replicas=2),
+        server=ServerConfig(host="127.0.0.1", port=free_port(), ingress="direct"))
+    with deployed(cfg) as url:
+        assert url.endswith(f":{cfg.server.port}")
+        yield url, f"http://127.0.0.1:{serve_port}"  # (direct, through the session's proxy)
+
+
+def _body(stream: bool, max_tokens: int = 30) -> dict[str, Any]:
+    return {"model": MODEL, "max_tokens": max_tokens, "temperature": 0, "stream": stream,
+            "messages": [{"role": "user", "content": "Tell me about ports. " * 20}]}
+
+
+def _streamed_text(r: httpx.Response) -> str:
+    out = []
+    for line in r.iter_lines():
+        if line.startswith("data: {"):
+            for choice in json.loads(line[6:]).get("choices", []):
+                out.append(choice["delta"].get("content") or "")
+    return "".join(out)
+
+
+def test_health_and_answers_as_through_the_proxy(stack: tuple[str, str]) -> None:
+    direct, proxied = stack
+    assert httpx.get(f"{direct}/health", timeout=5).status_code == 200
+    answers = []
+    for url in (direct, proxied):
+        r = httpx.post(f"{url}/v1/chat/completions", json=_body(False), timeout=60)
+        assert r.status_code == 200, r.text
+        answers.append(r.json()["choices"][0]["message"]["content"])
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=_body(True),
+                          timeout=60) as s:
+            assert s.status_code == 200 and s.headers["x-kvroute-model"] == MODEL
+            answers.append(_streamed_text(s))
+    assert answers[0] and len(set(answers)) == 1, answers
+
+
+def test_request_id_is_the_clients_or_a_new_one(stack: tuple[str, str]) -> None:
+    direct, _ = stack
+    r = httpx.post(f"{direct}/v1/chat/completions", json=_body(False),
+                   headers={"x-request-id": "agent-42.turn-7"}, timeout=60)
+    assert r.headers["x-request-id"] == "agent-42.turn-7" == r.json()["id"]
+    r = httpx.post(f"{direct}/v1/chat/completions", json=_body(False),
+                   headers={"x-request-id": "a" * 300}, timeout=60)
+    rid = r.headers["x-request-id"]
+    assert rid == r.json()["id"] and len(rid) == 32, rid
+    r = httpx.post(f"{direct}/v1/chat/completions", json={"model": MODEL}, timeout=60)
+    assert r.status_code == 400 and r.headers["x-request-id"]  # errors carry one too
+
+
+def test_connections_spread_over_the_router_replicas(stack: tuple[str, str]) -> None:
+    direct, _ = stack
+    routers = set()
+    for _ in range(24):  # a new connection each: the kernel picks a listener per connection
+        with httpx.Client() as c:
+            r = c.post(f"{direct}/v1/chat/completions", json=_body(False, 1), timeout=60)
+            routers.add(r.headers["x-kvroute-router"])
+    assert len(routers) == 2, routers
+
+
+def _loads(url: str) -> tuple[int, int]:
+    reps = httpx.get(f"{url}/kvroute/replicas", timeout=5).json()["models"][MODEL]
+    return (sum(int(r.get("ongoing_requests", 0)) for r in reps),
+            sum(int(r.get("router_ongoing", 0)) for r in reps))
+
+
+def test_a_client_that_leaves_mid_stream_leaves_nothing_running(
+        stack: tuple[str, str]) -> None:
+    direct, _ = stack
+    with httpx.stream("POST", f"{direct}/v1/chat/completions", json=_body(True, 20000),
+                      timeout=30) as r:
+        assert r.status_code == 200
+        for i, _line in enumerate(r.iter_lines()):
+            if i == 4:
+                break
+    deadline = time.monotonic() + 10  # 20,000 tokens at 5 ms: only an abort ends it sooner
+    while _loads(direct)[0] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _loads(direct)[0] == 0, "the worker still runs the abandoned stream"
