@@ -92,6 +92,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--router-replicas", default="",
                    help="e.g. 1,2,4: run kvroute (shared index), smg and vllm-router at each "
                    "count of router replicas instead (ops.bench.scaling)")
+    c.add_argument("--ingress", choices=("proxy", "direct"), default="proxy",
+                   help="kvroute's server.ingress: through Serve's proxy, or each router "
+                   "replica listening itself")
     c.add_argument("--sglang-args", default="",
                    help="extra sglang-router flags for the cache_aware run (default: none)")
     _load_args(c)
@@ -320,7 +323,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     spec = CompareSpec(
         engine=args.engine, replicas=args.replicas, load=_spec(args, concurrency),
         agent=_agent_params(args), model_path=args.model_path,
-        port=args.port, overhead_samples=args.overhead_samples, routers=routers,
+        port=args.port, ingress=args.ingress, overhead_samples=args.overhead_samples,
+        routers=routers,
         sglang_args=tuple(shlex.split(args.sglang_args)),
         trace=args.trace if args.workload == "trace" else None,
         vocab_size=args.vocab_size, max_context=args.max_context,

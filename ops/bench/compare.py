@@ -76,7 +76,8 @@ class CompareSpec:
     load: LoadSpec = field(default_factory=lambda: LoadSpec(duration_s=180.0, concurrency=20))
     agent: AgentParams = field(default_factory=AgentParams)
     model_path: str | None = None  # default: the tiny offline model
-    port: int = 0  # Serve's HTTP port; 0 = a free one
+    port: int = 0  # kvroute's HTTP port; 0 = a free one
+    ingress: str = "proxy"  # kvroute's server.ingress: proxy | direct
     sim: dict[str, float] = field(default_factory=lambda: {
         "prefill_tok_s": 4000.0, "tpot_s": 0.02, "tpot_per_batch_s": 0.0002,
         "kv_blocks": 4096})
@@ -106,7 +107,8 @@ def build_config(spec: CompareSpec, model_path: str, port: int) -> Any:
         vllm_kv_events=VllmKvEvents(block_size=spec.event_block_size)
         if spec.engine == "sim" else None,
     )
-    return KvrouteConfig(models=[model], server=ServerConfig(host="127.0.0.1", port=port))
+    return KvrouteConfig(models=[model], server=ServerConfig(host="127.0.0.1", port=port,
+                                                            ingress=spec.ingress))
 
 
 async def replica_endpoints(url: str, n: int, timeout_s: float = 120.0) -> list[str]:
@@ -193,6 +195,7 @@ async def run_one(name: str, target: str, spec: CompareSpec, show: bool,
     params: dict[str, Any] = {
         "target": target, "salt": name, "engine": spec.engine, "load": asdict(spec.load),
         **({"sim": dict(spec.sim)} if spec.engine == "sim" else {}),
+        **({"ingress": spec.ingress} if name == "kvroute" else {}),
     }
     if spec.trace is None:
         driver = agent_driver(AgentWorkload(spec.agent, salt=name), spec.load)
@@ -213,14 +216,16 @@ async def run_one(name: str, target: str, spec: CompareSpec, show: bool,
 
 async def _compare(spec: CompareSpec, url: str, model_path: str, show: bool
                    ) -> tuple[dict[str, Any], dict[str, list[Record]]]:
+    from deploy.runtime import proxy_url
     from ops.bench.echo import ECHO_ROUTE
 
     info = await replica_info(url, spec.replicas)
     endpoints = [h for h, _ in info]
     headers = await direct_headers(url)
+    echo_serve = f"{proxy_url()}{ECHO_ROUTE}"  # on Serve's proxy, whatever kvroute's ingress
     async with plain_echo() as echo:
-        await _wait_ok(f"{url}{ECHO_ROUTE}")
-        overheads = await measure_overheads(url, endpoints[0], f"{url}{ECHO_ROUTE}",
+        await _wait_ok(echo_serve)
+        overheads = await measure_overheads(url, endpoints[0], echo_serve,
                                             echo.ready_url, spec.overhead_samples, headers)
     benches: dict[str, Any] = {}
     records: dict[str, list[Record]] = {}

@@ -155,6 +155,7 @@ class AgentBenchSpec:
     max_tokens: int | None = None  # cap every reply (1: the prompt side alone)
     base: str | None = None  # "before" runs this tree's code (None: the cache switched off)
     rounds: int = 1  # the modes alternated this many times
+    ingress: str = "proxy"  # "after"'s server.ingress (the base tree may predate the key)
     # think times scaled down (more requests per run); everything else as bench compare
     agent: AgentParams = field(default_factory=lambda: AgentParams(
         tool_time_s=0.2, user_time_s=1.0))
@@ -201,6 +202,8 @@ def agent_mode(mode: str, spec: AgentBenchSpec, model_path: str) -> dict[str, An
         env = MODES[mode]
     stack = {"engine": "sim", "replicas": 1, "sim": dict(spec.sim), "context_window": 262144,
              "model_path": model_path}
+    if mode == "after" and spec.ingress != "proxy":
+        stack["ingress"] = spec.ingress
     for attempt in range(STACK_ATTEMPTS):  # a busy machine's Ray can time out starting
         try:
             with tree_stack(tree, stack, env) as url:
@@ -214,8 +217,8 @@ def agent_mode(mode: str, spec: AgentBenchSpec, model_path: str) -> dict[str, An
                 raise
             time.sleep(10)
     ok = [r for r in records if r.ok]
-    return {"mode": mode, "tree": str(tree), "requests": len(ok),
-            "errors": len(records) - len(ok),
+    return {"mode": mode, "tree": str(tree), "ingress": stack.get("ingress", "proxy"),
+            "requests": len(ok), "errors": len(records) - len(ok),
             "router_cpu_s": cpu, "cpu_ms_per_request": 1e3 * cpu / max(1, len(ok)),
             "prompt_tokens_mean": statistics.fmean(r.prompt_tokens for r in ok) if ok else 0,
             "output_tokens_mean": statistics.fmean(r.completion_tokens for r in ok) if ok else 0,
@@ -273,6 +276,8 @@ def add_arguments(r: Any) -> None:
                    "the prompt cache off")
     r.add_argument("--agent-rounds", type=int, default=1, help="--agent: alternate the modes "
                    "this many times (the ratio is over all rounds)")
+    r.add_argument("--agent-ingress", choices=("proxy", "direct"), default="proxy",
+                   help="--agent: \"after\"'s server.ingress (\"before\" keeps Serve's proxy)")
     r.add_argument("--specials", action="store_true", help="the cost of encoding client "
                    "special-token strings as text, fast and slow path (in process; "
                    "ops.bench.special_cost)")
@@ -292,7 +297,7 @@ def cli(args: Any, model_path: str) -> tuple[dict[str, Any], str]:
         spec = AgentBenchSpec(duration_s=args.agent_duration,
                               concurrency=args.agent_concurrency,
                               max_tokens=args.agent_max_tokens, base=args.agent_base,
-                              rounds=args.agent_rounds,
+                              rounds=args.agent_rounds, ingress=args.agent_ingress,
                               modes=tuple(m for m in args.modes.split(",") if m in MODES))
         result.update(run_agent(spec, model_path, show=not args.quiet))
         text += ("\n" if text else "") + agent_markdown(result)
