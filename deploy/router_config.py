@@ -19,7 +19,9 @@ class LeaseConfig(Strict):
     """KV retention across an agent's pauses (router.leases): each turn asks its replica to
     keep the session's blocks for about the gap the router expects before the next turn."""
 
-    enabled: bool = Field(True, description="Send leases (engines without them ignore them).")
+    enabled: bool = Field(False, description="Send leases (engines without them ignore "
+                          "them). Off by default: measured, they cost cached tokens when the "
+                          "working set exceeds the cache (docs/routing.md, Leases).")
     quantile: float = Field(0.75, gt=0, le=1, description="The lease covers this quantile of "
                             "the session kind's learned gaps between turns.")
     prior_s: float = Field(30.0, ge=0, description="Lease before a kind has min_samples gaps.")

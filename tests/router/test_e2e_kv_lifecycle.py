@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from deploy.config import IndexConfig
+from deploy.config import IndexConfig, LeaseConfig, RouterConfig
 from ops.status import model_summary, parse_metrics
 from router.metrics_hub import CACHE_S
 from tests.stacks import counter, deployed, redis_url, sim_model, stack_config
@@ -37,6 +37,7 @@ def stack(ray_local: None, tiny_model_dir: Path, stack_redis: Any,
         serve_port, model,
         index=IndexConfig(redis_url=redis_url(stack_redis),
                           namespace=f"tier{uuid.uuid4().hex[:8]}", timeout_s=0.5),
+        router=RouterConfig(leases=LeaseConfig(enabled=True)),
     )
     with deployed(cfg) as url:
         yield url
