@@ -114,7 +114,7 @@ class ModelWorker:
         req = GenerateRequest(self._engine_id(request.request_id), request.token_ids,
                               request.sampling, request.cache_salt, request.lease_s)
         if request.background:
-            self._background.running_tokens += len(req.token_ids)
+            self._background.begin(len(req.token_ids))
         else:
             self._started += 1
         spans = GenerationSpans(request.trace, {
@@ -146,11 +146,8 @@ class ModelWorker:
                 await relay.aclose()  # its slot goes, its socket closes
             await items.aclose()  # the client left (Serve's cancel): the engine aborts
             spans.finish(final.usage if final else None, error=final is None)
-            if request.background:
-                self._background.running_tokens -= len(req.token_ids)
-                if final is not None:
-                    u = final.usage
-                    self._background.prefilled_tokens += u.prompt_tokens - u.cached_tokens
+            if request.background:  # finished or cancelled: its work is out either way
+                self._background.end(len(req.token_ids))
 
     async def _relay(self, loopback: LoopbackServer, first: TokenChunk,
                      items: AsyncIterator[TokenChunk | Finished | Rejected]

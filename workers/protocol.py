@@ -123,11 +123,36 @@ FALLBACK_PREFILL_TOK_S = 4000.0  # as the router's prior (RouterConfig.prefill_t
 
 @dataclass(slots=True)
 class BackgroundWork:
-    """A worker's tally of ``WorkRequest.background`` requests: prompt tokens of those
-    running (a bound on their prefill still queued) and uncached tokens of those done."""
+    """A worker's tally of ``WorkRequest.background`` requests, in prompt tokens (those
+    running, those ended: finished or cancelled), and the work figure it last reported.
+    A prompt's length bounds its uncached prefill, so subtracting it never reads
+    background work as demand; it over-subtracts the cached part and, for a cancelled
+    request, the part never prefilled, so the figure only takes a tick's rises
+    (``work_s``, advanced by ``AutoscalingStats.from_load``)."""
 
     running_tokens: int = 0
-    prefilled_tokens: int = 0
+    ended_tokens: int = 0
+    work_s: float = 0.0  # the reported cumulative user work
+    net_s: float | None = None  # done + queued - the background bound, at the last report
+
+    def begin(self, prompt_tokens: int) -> None:
+        self.running_tokens += prompt_tokens
+
+    def end(self, prompt_tokens: int) -> None:
+        """Whether it finished or was cancelled (a pre-warm past its ``timeout_s``): its
+        prefill so far stays in the engine's counters either way."""
+        self.running_tokens -= prompt_tokens
+        self.ended_tokens += prompt_tokens
+
+    def advance(self, net_s: float) -> float:
+        """The cumulative user work, given this tick's net figure: its rises only (a drop
+        is background over-subtracted or a cancelled request, never negative demand)."""
+        if self.net_s is None:
+            self.work_s = max(0.0, net_s)
+        else:
+            self.work_s += max(0.0, net_s - self.net_s)
+        self.net_s = net_s
+        return self.work_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,15 +179,25 @@ class AutoscalingStats:
     def from_load(cls, load: LoadStats, requests_total: int,
                   background: BackgroundWork | None = None) -> AutoscalingStats:
         """``background``: the router's own work on this replica, taken out of the demand
-        (pre-warm on a new replica must not read as load that asks for more replicas)."""
-        bg = background or BackgroundWork()
+        (pre-warm on a new replica must not read as load that asks for more replicas).
+
+        Its whole prompt comes off from the moment it starts: the engine's counters hold
+        its done part while it runs (taking it off only at its end read each pre-warm as
+        1 prefill-s/s of offered load with no request, and a cancelled one never came
+        off). Where the engine counts done work (sim, mlx) the figure is cumulative and
+        ``background`` keeps it rising with user work only; on vLLM it is the backlog.
+        """
+        bg = background if background is not None else BackgroundWork()
         rate = load.prefill_rate()
         backlog_s = max(0, load.queued_prefill_tokens - bg.running_tokens) / rate
-        done_s = load.prefill_busy_s if load.prefill_busy_s > 0 \
-            else load.prefill_tokens_total / rate
-        done_s = max(0.0, done_s - bg.prefilled_tokens / rate)
-        return cls(backlog_s, done_s + backlog_s, requests_total, load.decode_batch,
-                   load.kv_usage)
+        if load.prefill_busy_s > 0 or load.prefill_tokens_total > 0:
+            done_s = load.prefill_busy_s if load.prefill_busy_s > 0 \
+                else load.prefill_tokens_total / rate
+            bg_tokens = bg.running_tokens + bg.ended_tokens
+            work_s = bg.advance(done_s + (load.queued_prefill_tokens - bg_tokens) / rate)
+        else:
+            work_s = backlog_s
+        return cls(backlog_s, work_s, requests_total, load.decode_batch, load.kv_usage)
 
     def to_serve(self) -> dict[str, float]:
         return {self.PREFIX + f.name: float(getattr(self, f.name)) for f in fields(self)}

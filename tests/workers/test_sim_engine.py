@@ -11,6 +11,7 @@ from cache_service.events import AllBlocksCleared, BlockRemoved, BlockStored, Ca
 from cache_service.hashing import block_hashes, model_salt
 from workers.protocol import (
     AutoscalingStats,
+    BackgroundWork,
     Engine,
     EngineError,
     Finished,
@@ -334,6 +335,30 @@ def test_autoscaling_stats_are_exact_seconds_and_round_trip_through_serve() -> N
     assert all(k.startswith("kvroute_") for k in serve)
     assert AutoscalingStats.from_serve(serve) == later
     assert AutoscalingStats.from_serve({"kvroute_backlog_s": 1.0}) is None
+
+
+def test_background_work_never_reads_as_offered_load() -> None:
+    """A pre-warm (issue 20): its prefill must not raise ``prefill_work_s`` while it runs,
+    nor stay in it when it is cancelled at its time bound; user work still counts."""
+    core, bg = SimCore(SimParams(prefill_tok_s=400.0)), BackgroundWork()
+
+    def work(t: float) -> float:
+        drain(core, until=t)
+        return AutoscalingStats.from_load(core.load(t), 0, bg).prefill_work_s
+
+    core.submit(SimRequest("warm", [1, 2], 8000, 1), 0.0)  # 20 s of prefill
+    bg.begin(8000)
+    assert [work(t) for t in (0.0, 2.0, 5.0, 9.9)] == [0.0] * 4  # not 1 prefill-s/s
+    core.cancel("warm", 10.0)  # the pre-warm's timeout_s: no Final comes back
+    bg.end(8000)
+    assert work(12.0) == 0.0
+    core.submit(SimRequest("user", [7, 8], 800, 1), 12.0)  # 2 s of a user's prefill
+    assert work(12.0) == pytest.approx(2.0) and work(20.0) == pytest.approx(2.0)
+    core.submit(SimRequest("warm2", [3, 4], 400, 1), 20.0)  # one that finishes
+    bg.begin(400)
+    assert work(20.5) == pytest.approx(2.0)
+    bg.end(400)
+    assert work(30.0) == pytest.approx(2.0)
 
 
 def test_params_from_kwargs() -> None:
