@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from deploy.config import IndexConfig
+from deploy.config import IndexConfig, LeaseConfig, RouterConfig
 from tests.router.tool_parsers.family_stack import family_models
 from tests.stacks import deployed, redis_url, stack_config
 
@@ -17,6 +17,7 @@ from tests.stacks import deployed, redis_url, stack_config
 def stack(ray_local: None, tiny_model_dir: Path, stack_redis: Any, serve_port: int,
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     models = family_models(tiny_model_dir, tmp_path_factory.mktemp("families"))
-    cfg = stack_config(serve_port, *models, index=IndexConfig(redis_url=redis_url(stack_redis)))
+    cfg = stack_config(serve_port, *models, index=IndexConfig(redis_url=redis_url(stack_redis)),
+                       router=RouterConfig(leases=LeaseConfig(enabled=True)))  # by_ending test
     with deployed(cfg, timeout_s=240) as url:
         yield url
