@@ -46,6 +46,11 @@ def bind(host: str, port: int = 0, reuse_port: bool = False) -> socket.socket:
     return sock
 
 
+def address_of(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"{host}:{port}"
+
+
 class AsgiServer:
     """``app`` served on ``sock`` until ``stop``; ``graceful_s``: how long ``stop`` lets open
     requests finish before it closes them."""
@@ -59,8 +64,7 @@ class AsgiServer:
 
     @property
     def address(self) -> str:
-        host, port = self.sock.getsockname()[:2]
-        return f"{host}:{port}"
+        return address_of(self.sock)
 
     @property
     def serving(self) -> bool:

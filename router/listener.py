@@ -25,7 +25,7 @@ from typing import Any
 from ray.serve import context as serve_context
 from starlette.types import ASGIApp, Message, Receive, Send
 
-from router.asgi_server import AsgiServer, bind
+from router.asgi_server import AsgiServer, address_of, bind
 
 _SANE_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
 
@@ -51,14 +51,13 @@ class RequestIds:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         rid = request_id_of(scope)
+        header = (b"x-request-id", rid.encode())
         # As Serve's RequestIdMiddleware: the id also travels on in the request's headers.
         scope = {**scope, "headers": [*((k, v) for k, v in scope["headers"]
-                                        if k != b"x-request-id"),
-                                      (b"x-request-id", rid.encode())]}
+                                        if k != b"x-request-id"), header]}
         # not is_http_request: Serve would then pass this request's handle calls as raw bytes
         serve_context._serve_request_context.set(serve_context._RequestContext(  # noqa: SLF001
             route=scope.get("path", ""), request_id=rid, app_name=self.app_name))
-        header = (b"x-request-id", rid.encode())
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -83,8 +82,7 @@ class Listener:
 
     @property
     def address(self) -> str:
-        host, port = self._sock.getsockname()[:2]
-        return f"{host}:{port}"
+        return address_of(self._sock)
 
     @property
     def serving(self) -> bool:
