@@ -101,6 +101,11 @@ class RouterConfig(Strict):
         600.0, gt=0, description="Longest wait for a replica to start streaming (queue + "
         "prefill) before the request fails with 503.",
     )
+    assign_timeout_s: float = Field(
+        30.0, gt=0, description="Longest wait for Serve to place a dispatched request on a "
+        "replica; past it the request is sent again (within first_token_timeout_s). Serve "
+        "was seen to strand one request in its handle queue through a scale-down.",
+    )
     worker_transport: Literal["grpc", "actor"] = Field(
         "grpc", description="How the router streams from workers: Serve's direct gRPC data "
         "plane (about half the per-call latency) or Ray actor calls (Serve's default).",

@@ -88,7 +88,8 @@ class RouterCore:
         self.gaps = SessionGaps(config.router.leases)
         self.dispatcher = Dispatcher(
             streaming, self.decider, config.router.max_retries,
-            config.router.first_token_timeout_s, self._record_routed, self.remember, loopback)
+            config.router.first_token_timeout_s, self._record_routed, self.remember, loopback,
+            assign_timeout_s=config.router.assign_timeout_s)
         # prefill-only requests to one replica: pre-warm, and lease renewals
         self._send_to = serve_sender(streaming, self.on_final, self._record_routed)
         self.prewarm = Prewarmer(config.router.prewarm, idx.block_size, self._send_to,

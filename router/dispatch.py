@@ -59,12 +59,13 @@ class Dispatcher:
     def __init__(self, handles: Mapping[str, Any], decider: Decider, max_retries: int,
                  first_token_timeout_s: float,
                  record_routed: Callable[[str, str, list[int]], None],
-                 remember: Callable[[str, str], None], loopback: Loopback | None = None
-                 ) -> None:
+                 remember: Callable[[str, str], None], loopback: Loopback | None = None,
+                 assign_timeout_s: float = 30.0) -> None:
         self.handles, self.decider, self.loads = handles, decider, decider.loads
         self.loopback = loopback
         self._node = loopback.node if loopback is not None else None
         self.max_retries, self.timeout_s = max_retries, first_token_timeout_s
+        self.assign_timeout_s = assign_timeout_s
         self._record_routed, self._remember = record_routed, remember
 
     async def dispatch(self, ranked: list[Candidate], ctx: RequestContext, work: WorkRequest,
@@ -103,10 +104,16 @@ class Dispatcher:
         self._remember(model, target.replica)
         ticket = self.decider.begin(ctx, target)
         self._record_routed(model, target.replica, ctx.hashes[model])
-        stream = self.handles[model].generate.remote(
-            work, **{RANK_KWARG: [c.replica for c in order]})
+        rank = {RANK_KWARG: [c.replica for c in order]}
+        stream = self.handles[model].generate.remote(work, **rank)
+        deadline = asyncio.get_running_loop().time() + self.timeout_s
         try:
-            first = await asyncio.wait_for(anext(stream), self.timeout_s)
+            while (first := await self._first(stream, deadline)) is None:
+                log.warning("request %s: Serve placed it on no replica of %s in %.0f s; "
+                            "sending it again", work.request_id, model, self.assign_timeout_s)
+                stream.cancel()
+                metrics.RETRIES.labels(model).inc()
+                stream = self.handles[model].generate.remote(work, **rank)
         except BackPressureError as e:  # every replica full and the queue at its bound
             self.loads.end(ticket)
             raise ApiError(503, f"{model!r} is overloaded; retry later", "overloaded",
@@ -138,6 +145,25 @@ class Dispatcher:
                           Candidate(model, first.replica))
             ticket = self.decider.begin(ctx, target)
         return Started(model, target, first, stream, ticket)
+
+    async def _first(self, stream: Any, deadline: float) -> WorkerMessage | None:
+        """The stream's first message by ``deadline`` (else ``TimeoutError``), or None
+        if Serve has not placed the request on a replica within
+        ``assign_timeout_s``: a request Serve's handle queue stranded is only freed by
+        sending it again (a placed one is never re-sent: it may be prefilling)."""
+        placed = getattr(stream, "_replica_result_future", None)  # Serve's, private
+        nxt = asyncio.ensure_future(anext(stream))
+        try:
+            left = deadline - asyncio.get_running_loop().time()
+            if placed is not None and not placed.done() and left > self.assign_timeout_s:
+                await asyncio.wait({nxt}, timeout=self.assign_timeout_s)
+                if not nxt.done() and not placed.done():
+                    return None
+            return await asyncio.wait_for(
+                nxt, max(0.0, deadline - asyncio.get_running_loop().time()))
+        finally:
+            if not nxt.done():
+                nxt.cancel()
 
     async def _take_over(self, handoff: Handoff, stream: Any, ticket: Ticket
                          ) -> LoopbackStream | None:
