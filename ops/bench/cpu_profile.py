@@ -215,7 +215,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from ops.tiny_model import ensure_model
 
     spec = compare.CompareSpec(replicas=args.replicas, routers=("kvroute",),
-                               load=LoadSpec(duration_s=args.duration, concurrency=20))
+                               load=LoadSpec(duration_s=args.duration, concurrency=20),
+                               ingress=args.ingress)
     runtime.init_ray("127.0.0.1", num_cpus=max(4, args.replicas + 2))
     try:
         url = runtime.deploy(compare.build_config(spec, str(ensure_model()),
@@ -236,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--idle", type=float, default=60.0, help="idle seconds measured first")
     p.add_argument("--settle", type=float, default=15.0, help="seconds after deploying")
     p.add_argument("--replicas", type=int, default=4)
+    p.add_argument("--ingress", choices=("proxy", "direct"), default="proxy",
+                   help="kvroute's server.ingress (direct: no Serve proxy in the path)")
     p.add_argument("--rate", type=int, default=20, help="py-spy samples per second")
     p.add_argument("--nonblocking", action="store_true", help="py-spy without --native")
     p.add_argument("--classify", action="store_true", help="re-read DIR's result.json")
