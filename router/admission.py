@@ -36,6 +36,7 @@ sweep: 0 to 100 ms change mean TTFT by a few percent either way).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import heapq
 import itertools
 from collections.abc import Callable, Sequence
@@ -140,7 +141,8 @@ class AdmissionGate:
         waiter = _Waiter(ready, loop.create_future(), now + self.params.max_hold_s)
         queue.push(own_s, now, waiter)
         if self._ticker is None or self._ticker.done():
-            self._ticker = loop.create_task(self._tick())
+            # not the held request's context: the ticker outlives it and serves them all
+            self._ticker = loop.create_task(self._tick(), context=contextvars.Context())
         await waiter.future  # cancelled with the request: the ticker skips it
         waited = loop.time() - now
         if self._on_wait is not None:

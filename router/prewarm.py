@@ -30,6 +30,7 @@ model is its baseline: replicas already there when it started are not new.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 import uuid
@@ -173,7 +174,10 @@ class Prewarmer:
         if not plan:
             return
         self._held[(model, replica)] = self._clock() + self.config.hold_s
-        task = asyncio.get_running_loop().create_task(self._warm(model, replica, plan))
+        # A context of its own: the request that happened to see the replica appear is not
+        # the warm-up's (its logs, spans and Serve request id would name that request).
+        task = asyncio.get_running_loop().create_task(self._warm(model, replica, plan),
+                                                      context=contextvars.Context())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

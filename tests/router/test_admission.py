@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 
 import pytest
 
@@ -111,3 +112,22 @@ async def test_one_release_per_check_so_the_released_load_shows_first() -> None:
     gate.poke()
     await asyncio.gather(*waiters)
     await gate.close()
+
+
+REQUEST = contextvars.ContextVar("request", default="none")
+
+
+async def test_the_ticker_runs_in_no_requests_context() -> None:
+    """The first held request starts the ticker; it outlives that request and checks
+    everyone's, so what it does (pre-warms that ``ready`` starts) must not carry that
+    request's logs, spans and Serve request id."""
+    gate = AdmissionGate(AdmissionParams(tick_s=0.01))
+    seen: list[str] = []
+
+    def ready() -> bool:
+        seen.append(REQUEST.get())
+        return len(seen) > 1  # held at the first check, released at the ticker's
+
+    REQUEST.set("req-1")
+    await asyncio.wait_for(gate.admit(("m",), 1.0, ready), 1.0)
+    assert seen == ["req-1", "none"]

@@ -5,6 +5,7 @@ The sender is a test double here; tests/router/test_e2e_prewarm.py sends through
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Sequence
 from typing import Any
 
@@ -212,3 +213,27 @@ async def test_redis_down_means_no_warm_up(stack_redis: Any) -> None:
     await settle(p)
     assert not sender.sent and p.warming() == set()
     await p.close()
+
+
+REQUEST = contextvars.ContextVar("request", default="none")
+
+
+async def test_a_warm_up_runs_in_no_requests_context() -> None:
+    """The request that first sees a new replica starts its warm-up; the warm-up's logs,
+    spans and Serve request id must not name that request (they did: issue 20's stranded
+    request looked like it had sent the warm-ups)."""
+    seen: list[str] = []
+
+    class Recording(Sender):
+        async def __call__(self, model: str, replica: str, work: WorkRequest,
+                           hashes: Sequence[int]) -> bool:
+            seen.append(REQUEST.get())
+            return await super().__call__(model, replica, work, hashes)
+
+    p = prewarmer(Recording())
+    observe_sessions(p, 3)
+    p.admit("m", view("r1"))
+    REQUEST.set("req-1")
+    p.admit("m", view("r1", "r2"))
+    await settle(p)
+    assert seen == ["none"]
