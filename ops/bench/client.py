@@ -196,10 +196,14 @@ class Runner:
     def __init__(self, client: Client, spec: LoadSpec, label: str, show: bool = True) -> None:
         self.client, self.spec, self.label = client, spec, label
         self.records: list[Record] = []
-        self.inflight = 0
+        self._open: dict[int, Record] = {}  # sent and unanswered: the drain's records if cut
         self.t0 = time.monotonic()
         self._show = show
         self._tasks: set[asyncio.Task[Any]] = set()
+
+    @property
+    def inflight(self) -> int:
+        return len(self._open)
 
     @property
     def elapsed(self) -> float:
@@ -216,11 +220,12 @@ class Runner:
     async def call(self, req: BenchRequest) -> Record | None:
         if self.expired:
             return None
-        self.inflight += 1
+        sent = Record(req.key, req.session, self.elapsed, error="drain timeout")
+        self._open[id(sent)] = sent
         try:
             rec = await self.client.send(req, self.t0)
         finally:
-            self.inflight -= 1
+            del self._open[id(sent)]
         self.records.append(rec)
         return rec
 
@@ -254,12 +259,14 @@ class Runner:
         while self._tasks:
             left = deadline - time.monotonic()
             if left <= 0:
-                cut = self.inflight
+                cut = list(self._open.values())  # each with its own key and send time
                 for task in list(self._tasks):
                     task.cancel()
                 await asyncio.gather(*self._tasks, return_exceptions=True)
-                self.records.extend(Record("?", "", self.elapsed, error="drain timeout")
-                                    for _ in range(cut))
+                for rec in cut:
+                    rec.error = (f"drain timeout: no answer {self.elapsed - rec.start_s:.0f} s "
+                                 "after it was sent")
+                self.records.extend(cut)
                 return
             await asyncio.wait(list(self._tasks), timeout=left)
 
