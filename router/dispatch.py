@@ -157,7 +157,9 @@ class Dispatcher:
             left = deadline - asyncio.get_running_loop().time()
             if placed is not None and not placed.done() and left > self.assign_timeout_s:
                 await asyncio.wait({nxt}, timeout=self.assign_timeout_s)
-                if not nxt.done() and not placed.done():
+                if nxt.done():  # the common case: answered within the wait
+                    return nxt.result()
+                if not placed.done():
                     return None
             return await asyncio.wait_for(
                 nxt, max(0.0, deadline - asyncio.get_running_loop().time()))

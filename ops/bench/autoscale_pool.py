@@ -39,6 +39,7 @@ class Pooled:
 
 
 def quantile(xs: list[float], q: float) -> float:
+    """Linear, as ``report.stats``; not numpy's, which reads a step onto inf as NaN."""
     xs = sorted(xs)
     k = (len(xs) - 1) * q
     lo = math.floor(k)
