@@ -115,6 +115,13 @@ class RouterConfig(Strict):
         "replica on its node: a Serve stream message each, or one loopback TCP connection "
         "per request (workers.loopback; start, errors and cancel stay on Serve).",
     )
+    start_transport: Literal["serve", "loopback"] = Field(
+        "loopback", description="With stream_transport loopback: how a request starts on "
+        "a replica of the router's node whose loopback address the router has seen: "
+        "Serve's handle call, or a loopback call on that socket (workers.loopback_call; "
+        "sent through Serve when the replica is full or unreachable). Models with "
+        "serve-default autoscaling always start through Serve: it counts only its calls.",
+    )
     prompt_cache: PromptCacheConfig = Field(
         default_factory=PromptCacheConfig, description="Incremental tokenization.")
     leases: LeaseConfig = Field(default_factory=LeaseConfig,

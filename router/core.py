@@ -89,7 +89,7 @@ class RouterCore:
         self.dispatcher = Dispatcher(
             streaming, self.decider, config.router.max_retries,
             config.router.first_token_timeout_s, self._record_routed, self.remember, loopback,
-            assign_timeout_s=config.router.assign_timeout_s)
+            assign_timeout_s=config.router.assign_timeout_s, call_models=_call_models(config))
         # prefill-only requests to one replica: pre-warm, and lease renewals
         self._send_to = serve_sender(streaming, self.on_final, self._record_routed)
         self.prewarm = Prewarmer(config.router.prewarm, idx.block_size, self._send_to,
@@ -350,6 +350,7 @@ class RouterCore:
             self._known[model] = now
             live |= {(model, r) for r in now}
         self.loads.forget(live)
+        self.dispatcher.forget({r for _, r in live})
         self._ticks += 1
         if self._ticks % 5 == 0:  # index stats cost a Redis call: every 5 s is plenty
             # replicas whose heartbeats stopped (a node lost while no router watched it)
@@ -372,3 +373,13 @@ class RouterCore:
             await self.index.close()
         await self.prewarm.close()
         await self.limiter.close()
+
+
+def _call_models(config: KvrouteConfig) -> frozenset[str]:
+    """Models whose requests may start as loopback calls (``router.start_transport``):
+    not those Serve autoscales on its own ongoing-request counts, which miss them."""
+    if config.router.start_transport != "loopback":
+        return frozenset()
+    return frozenset(m.name for m in config.models if m.autoscaling is None
+                     or m.autoscaling.policy != "serve-default")
+

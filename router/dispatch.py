@@ -19,6 +19,7 @@ before its first message (retried).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable, Mapping
@@ -33,11 +34,17 @@ from router.context import Candidate, RequestContext
 from router.decision import Decider
 from router.errors import ApiError
 from router.load import Ticket
+from router.loopback_call import LoopbackCall
 from router.loopback_stream import Loopback, LoopbackStream
 from router.request_router import RANK_KWARG
-from workers.protocol import Handoff, Rejected, WorkerMessage, WorkRequest
+from workers.protocol import EngineError, Handoff, Rejected, WorkerMessage, WorkRequest
 
 log = logging.getLogger(__name__)
+
+
+class _NotTaken(Exception):
+    """A loopback call the replica did not take (busy, stopping, unreachable): the
+    request goes through Serve's handle, which queues or reroutes it."""
 
 
 @dataclass(slots=True)
@@ -60,9 +67,14 @@ class Dispatcher:
                  first_token_timeout_s: float,
                  record_routed: Callable[[str, str, list[int]], None],
                  remember: Callable[[str, str], None], loopback: Loopback | None = None,
-                 assign_timeout_s: float = 30.0) -> None:
+                 assign_timeout_s: float = 30.0,
+                 call_models: frozenset[str] = frozenset()) -> None:
         self.handles, self.decider, self.loads = handles, decider, decider.loads
         self.loopback = loopback
+        # router.start_transport: loopback: these models' requests start over the
+        # replica's loopback socket once a Handoff told its address (router.loopback_call)
+        self._call_models = call_models if loopback is not None else frozenset()
+        self._addresses: dict[str, str] = {}  # replica -> loopback address (this node)
         self._node = loopback.node if loopback is not None else None
         self.max_retries, self.timeout_s = max_retries, first_token_timeout_s
         self.assign_timeout_s = assign_timeout_s
@@ -104,6 +116,10 @@ class Dispatcher:
         self._remember(model, target.replica)
         ticket = self.decider.begin(ctx, target)
         self._record_routed(model, target.replica, ctx.hashes[model])
+        address = self._addresses.get(target.replica) if model in self._call_models else None
+        if address is not None:
+            with contextlib.suppress(_NotTaken):
+                return await self._call(address, target, work, ticket)
         rank = {RANK_KWARG: [c.replica for c in order]}
         stream = self.handles[model].generate.remote(work, **rank)
         deadline = asyncio.get_running_loop().time() + self.timeout_s
@@ -135,6 +151,8 @@ class Dispatcher:
             self.loads.end(ticket)
             raise ApiError(first.status, first.message, "engine_rejected")
         if isinstance(first, Handoff):
+            if model in self._call_models:
+                self._addresses[first.replica] = first.address
             stream = await self._take_over(first, stream, ticket)
             if stream is None:
                 return None
@@ -145,6 +163,45 @@ class Dispatcher:
                           Candidate(model, first.replica))
             ticket = self.decider.begin(ctx, target)
         return Started(model, target, first, stream, ticket)
+
+    async def _call(self, address: str, target: Candidate, work: WorkRequest,
+                    ticket: Ticket) -> Started | None:
+        """The request as a loopback call: ``Started``, or None when the replica failed
+        before its first message (retry); ``_NotTaken`` if it did not take it."""
+        assert self.loopback is not None
+        try:
+            call = await LoopbackCall.open(target.replica, address, self.loopback.token,
+                                           dataclasses.replace(work, loopback_node=None))
+        except (OSError, TimeoutError) as e:
+            log.warning("replica %s: loopback call unreachable: %r", target.replica, e)
+            self._addresses.pop(target.replica, None)
+            raise _NotTaken from None
+        try:
+            first = await asyncio.wait_for(call.first(), self.timeout_s)
+        except TimeoutError:
+            call.cancel()
+            self.loads.end(ticket)
+            raise ApiError(503, f"{target.model!r} did not start the request in time",
+                           "timeout", retry_after_s=5.0) from None
+        except EngineError as e:
+            log.warning("replica %s failed before first token: %r", target.replica, e)
+            self.loads.end(ticket)
+            return None
+        except BaseException:  # the client left: closing the call cancels it
+            call.cancel()
+            self.loads.end(ticket)
+            raise
+        if first is None:
+            raise _NotTaken
+        if isinstance(first, Rejected):
+            self.loads.end(ticket)
+            raise ApiError(first.status, first.message, "engine_rejected")
+        return Started(target.model, target, first, call, ticket)
+
+    def forget(self, live: set[str]) -> None:
+        """Drop the loopback addresses of replicas Serve no longer runs."""
+        for replica in self._addresses.keys() - live:
+            del self._addresses[replica]
 
     async def _first(self, stream: Any, deadline: float) -> WorkerMessage | None:
         """The stream's first message by ``deadline`` (else ``TimeoutError``), or None

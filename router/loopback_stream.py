@@ -41,7 +41,7 @@ class Loopback:
     token: str
 
 
-class _Frames(asyncio.Protocol):
+class Frames(asyncio.Protocol):
     """Bytes from the worker, kept until the stream takes them; reading paused when full."""
 
     def __init__(self) -> None:
@@ -91,7 +91,7 @@ class _Frames(asyncio.Protocol):
 class LoopbackStream:
     """The rest of a handed-off stream (see the module docstring)."""
 
-    def __init__(self, handoff: Handoff, serve_stream: Any, frames: _Frames) -> None:
+    def __init__(self, handoff: Handoff, serve_stream: Any, frames: Frames) -> None:
         self._replica, self._serve, self._frames = handoff.replica, serve_stream, frames
         self._ended = False  # the end frame came: the Final is next, on the Serve stream
         self._done = False
@@ -107,7 +107,7 @@ class LoopbackStream:
         host, _, port = handoff.address.rpartition(":")
         loop = asyncio.get_running_loop()
         transport, frames = await asyncio.wait_for(
-            loop.create_connection(_Frames, host, int(port)), CONNECT_TIMEOUT_S)
+            loop.create_connection(Frames, host, int(port)), CONNECT_TIMEOUT_S)
         transport.write(f"{handoff.key} {token}\n".encode())
         return cls(handoff, serve_stream, frames)
 

@@ -9,6 +9,8 @@ by the engine (and, with the memory index, the replica's cache events), or a
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
@@ -62,6 +64,44 @@ DirectFactory = Callable[[str, str, Callable[[WorkRequest], AsyncIterator[Worker
                           str | None], DirectEndpoint]
 
 
+DRAIN_S = 20.0  # how long a stopping replica lets its loopback calls finish
+
+
+class LoopbackCalls:
+    """This replica's loopback calls (``workers.loopback_call.CallTarget``): they and
+    Serve's calls share ``max_ongoing_requests``; none is taken once it is stopping."""
+
+    def __init__(self, worker: ModelWorker, limit: int) -> None:
+        self._worker, self._limit = worker, limit
+        self.open = 0
+        self.total = 0
+        self.stopping = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def admit(self) -> bool:
+        if self.stopping or self.open + self._worker._serve_calls >= self._limit:
+            return False
+        self.open += 1
+        self.total += 1
+        self._idle.clear()
+        return True
+
+    def release(self) -> None:
+        self.open -= 1
+        if not self.open:
+            self._idle.set()
+
+    def run(self, work: WorkRequest) -> AsyncIterator[WorkerMessage]:
+        return self._worker._run(work)  # type: ignore[return-value]  # no loopback_node
+
+    async def drain(self, timeout_s: float) -> None:
+        """Refuse new calls; wait up to ``timeout_s`` for the open ones to end."""
+        self.stopping = True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+
+
 class ModelWorker:
     async def __init__(self, model: dict[str, Any], index: dict[str, Any],
                        direct_http: DirectFactory | None = None,
@@ -86,8 +126,10 @@ class ModelWorker:
             self._publisher.start()
         self._kv_events = self._vllm_events(idx.block_size)
         self._loopback: LoopbackServer | None = None
+        self._serve_calls = 0  # generate() calls running (Serve's handle)
+        self._calls = LoopbackCalls(self, self._cfg.max_ongoing_requests)
         if stream_token is not None:  # router.stream_transport: loopback
-            self._loopback = LoopbackServer(stream_token)
+            self._loopback = LoopbackServer(stream_token, calls=self._calls)
             await self._loopback.start()
         self._direct: DirectEndpoint | None = None
         if direct_http is not None:
@@ -111,6 +153,15 @@ class ModelWorker:
         self, request: WorkRequest, kvroute_rank: list[str] | None = None
     ) -> AsyncIterator[WorkerMessage | Handoff]:
         """Stream one generation. ``kvroute_rank`` is consumed by the request router."""
+        self._serve_calls += 1
+        try:
+            async for msg in self._run(request):
+                yield msg
+        finally:
+            self._serve_calls -= 1
+
+    async def _run(self, request: WorkRequest) -> AsyncIterator[WorkerMessage | Handoff]:
+        """One generation, however it came (Serve's handle, or a loopback call)."""
         req = GenerateRequest(self._engine_id(request.request_id), request.token_ids,
                               request.sampling, request.cache_salt, request.lease_s)
         if request.background:
@@ -194,6 +245,7 @@ class ModelWorker:
             "http": self._direct.address if self._direct else None,
             "kv_events": self._kv_events.endpoint if self._kv_events else None,
             "loopback_streams": self._handoffs,
+            "loopback_calls": self._calls.total,
             **stats.routing_stats(),
         }
 
@@ -209,6 +261,7 @@ class ModelWorker:
         await self._engine.check_health()
 
     async def __del__(self) -> None:
+        await self._calls.drain(DRAIN_S)  # Serve drained its own calls before this
         if self._loopback is not None:
             await self._loopback.stop()
         if self._direct is not None:

@@ -22,6 +22,10 @@ dies ends both the socket and the Serve stream with an error. A slot nobody clai
 ``CLAIM_TIMEOUT_S`` fails the request.
 
 The frames are ``workers.protocol``'s (``chunk_frame``, ``END_FRAME``).
+
+The same socket takes loopback calls (``call <token>\n``, ``workers.loopback_call``): a
+router that learned this address from a ``Handoff`` starts later requests here, skipping
+the Serve handle, and gets every message on that connection.
 """
 
 from __future__ import annotations
@@ -32,11 +36,13 @@ import logging
 import secrets
 from collections.abc import AsyncIterator
 
+from workers.loopback_call import CallTarget, serve_call
 from workers.protocol import END_FRAME, EngineError, TokenChunk, chunk_frame
 
 log = logging.getLogger(__name__)
 
 CLAIM_TIMEOUT_S = 10.0
+CALL = b"call"  # the handshake's key for a loopback call (slot keys are hex)
 _HANDSHAKE_TIMEOUT_S = 5.0
 _HANDSHAKE_LIMIT = 512
 
@@ -44,9 +50,12 @@ _HANDSHAKE_LIMIT = 512
 class LoopbackServer:
     """The worker side: one listening socket per replica on 127.0.0.1 and the open slots."""
 
-    def __init__(self, token: str, host: str = "127.0.0.1") -> None:
+    def __init__(self, token: str, host: str = "127.0.0.1",
+                 calls: CallTarget | None = None) -> None:
         self._token, self._host = token.encode(), host
+        self._calls = calls  # takes loopback calls (workers.loopback_call) when set
         self._slots: dict[str, asyncio.Future[asyncio.StreamWriter]] = {}
+        self._running: set[asyncio.Task[None]] = set()
         self._server: asyncio.Server | None = None
         self.address: str | None = None
 
@@ -62,6 +71,8 @@ class LoopbackServer:
             for slot in self._slots.values():
                 slot.cancel()
             self._slots.clear()
+            for task in list(self._running):
+                task.cancel()
             await self._server.wait_closed()
             self._server = None
 
@@ -88,17 +99,34 @@ class LoopbackServer:
             slot.cancel()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """``<key> <token>`` claims a slot; ``call <token>`` starts a loopback call."""
         try:
             line = await asyncio.wait_for(reader.readline(), _HANDSHAKE_TIMEOUT_S)
             key, _, token = line.strip().partition(b" ")
-            slot = self._slots.get(key.decode("ascii", "replace"))
-            if not hmac.compare_digest(token, self._token) or slot is None or slot.done():
+            if not hmac.compare_digest(token, self._token):
+                raise PermissionError("bad loopback handshake")
+            calls = self._calls if key == CALL else None
+            slot = None if calls else self._slots.get(key.decode("ascii", "replace"))
+            if calls is None and (slot is None or slot.done()):
                 raise PermissionError("bad loopback handshake")
         except (Exception, asyncio.CancelledError) as e:
             log.warning("loopback stream connection refused: %r", e)
             writer.close()
             return
-        slot.set_result(writer)
+        if calls is not None:
+            await self._call(reader, writer, calls)
+        elif slot is not None:
+            slot.set_result(writer)
+
+    async def _call(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    calls: CallTarget) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._running.add(task)  # stop() cancels it (the replica is going)
+        try:
+            await serve_call(reader, writer, calls)
+        finally:
+            self._running.discard(task)
 
     @staticmethod
     async def pump(writer: asyncio.StreamWriter,

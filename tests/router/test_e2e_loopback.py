@@ -1,6 +1,7 @@
-"""``router.stream_transport`` on real Serve with a sim replica: the loopback stream
-(default) and the Serve stream give the same responses, streamed and not, and the
-loopback one is really taken (the worker's ``loopback_streams`` in ``/kvroute/replicas``).
+"""``router.stream_transport`` and ``router.start_transport`` on real Serve with a sim
+replica: the Serve stream, the loopback stream, and loopback calls (the default) give
+the same responses, streamed and not, and each is really taken (the worker's
+``loopback_streams`` and ``loopback_calls`` in ``/kvroute/replicas``).
 
 Cancel on disconnect, a replica killed mid-stream and retries run on the default
 (loopback) in test_e2e_disconnects.py, test_faults.py and test_request_router.py;
@@ -26,11 +27,19 @@ MODEL = "loop-sim"
 SEEN: dict[str, dict[str, Any]] = {}  # transport -> what it answered
 
 
-@pytest.fixture(scope="module", params=["serve", "loopback"])
+TRANSPORTS = {  # name -> (stream_transport, start_transport)
+    "serve": ("serve", "serve"), "loopback": ("loopback", "serve"),
+    "call": ("loopback", "loopback"),
+}
+
+
+@pytest.fixture(scope="module", params=list(TRANSPORTS))
 def stack(request: pytest.FixtureRequest, ray_local: None, tiny_model_dir: Path,
           serve_port: int) -> Iterator[tuple[str, str]]:
+    stream, start = TRANSPORTS[request.param]
     cfg = stack_config(serve_port, sim_model(MODEL, tiny_model_dir, tpot_s=0.002),
-                       index=IndexConfig(), router=RouterConfig(stream_transport=request.param))
+                       index=IndexConfig(),
+                       router=RouterConfig(stream_transport=stream, start_transport=start))
     with deployed(cfg) as url:
         yield request.param, url
 
@@ -58,21 +67,23 @@ def _chat(url: str, stream: bool) -> tuple[str, dict[str, Any]]:
     return "".join(text), usage
 
 
-def _handoffs(url: str) -> int:
+def _counts(url: str) -> tuple[int, int]:
+    """The replicas' (loopback streams, loopback calls)."""
     reps = httpx.get(f"{url}/kvroute/replicas", timeout=5).json()["models"][MODEL]
-    return sum(int(r.get("loopback_streams", 0)) for r in reps)
+    return (sum(int(r.get("loopback_streams", 0)) for r in reps),
+            sum(int(r.get("loopback_calls", 0)) for r in reps))
 
 
-def test_both_transports_answer_alike(stack: tuple[str, str]) -> None:
+def test_all_transports_answer_alike(stack: tuple[str, str]) -> None:
     transport, url = stack
-    streamed, s_usage = _chat(url, True)
-    whole, w_usage = _chat(url, False)
-    assert streamed == whole and streamed
+    answers = [_chat(url, True), _chat(url, False), _chat(url, True)]
+    (streamed, s_usage), (whole, w_usage), (again, _) = answers
+    assert streamed == whole == again and streamed
     assert s_usage["completion_tokens"] == w_usage["completion_tokens"] == 40
     SEEN[transport] = {"text": whole, "usage": w_usage["completion_tokens"]}
-    if len(SEEN) == 2:  # the second transport's run: the same answers as the first's
-        assert SEEN["serve"] == SEEN["loopback"]
+    assert all(seen == SEEN[transport] for seen in SEEN.values())  # as the others answered
     deadline = time.monotonic() + 15  # the report reaches the router with the routing stats
-    while (n := _handoffs(url)) == 0 and transport == "loopback" and time.monotonic() < deadline:
+    want = {"serve": (False, False), "loopback": (True, False), "call": (True, True)}[transport]
+    while (got := tuple(n > 0 for n in _counts(url))) != want and time.monotonic() < deadline:
         time.sleep(0.3)
-    assert (n > 0) == (transport == "loopback"), n
+    assert got == want, _counts(url)

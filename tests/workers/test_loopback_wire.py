@@ -1,0 +1,94 @@
+"""The loopback call's frames (``workers.loopback_wire``): every record round-trips, and
+a malformed request is a ``ValueError`` (never a crash, never a wrong request)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cache_service.events import AllBlocksCleared, BlockRemoved, BlockStored
+from workers.loopback_wire import (
+    FINAL,
+    REJECTED,
+    REQUEST,
+    final_frame,
+    parse_final,
+    parse_rejected,
+    parse_request,
+    rejected_frame,
+    request_frame,
+)
+from workers.protocol import FRAME_HEADER, Final, Rejected, SamplingParams, Usage, WorkRequest
+
+ids = st.lists(st.integers(0, 2**32 - 1), max_size=300)
+texts = st.text(max_size=40)
+
+
+def payload(frame: bytes, kind: int) -> bytes:
+    k, n = FRAME_HEADER.unpack_from(frame)
+    assert k == kind and n == len(frame) - FRAME_HEADER.size
+    return frame[FRAME_HEADER.size:]
+
+
+@given(rid=texts, token_ids=ids, mt=st.integers(1, 1 << 20),
+       temp=st.floats(0, 2), top_p=st.floats(0, 1), stop=st.lists(texts, max_size=4),
+       seed=st.none() | st.integers(-(2**63), 2**63 - 1), ignore_eos=st.booleans(),
+       trace=st.none() | st.dictionaries(texts, texts, max_size=3),
+       salt=st.none() | texts, lease=st.floats(0, 1e6), background=st.booleans())
+def test_a_request_round_trips(rid: str, token_ids: list[int], mt: int, temp: float,
+                               top_p: float, stop: list[str], seed: int | None,
+                               ignore_eos: bool, trace: dict[str, str] | None,
+                               salt: str | None, lease: float, background: bool) -> None:
+    work = WorkRequest(rid, token_ids, SamplingParams(mt, temp, top_p, tuple(stop), seed,
+                                                      ignore_eos),
+                       trace, salt, lease, None, background)
+    assert parse_request(payload(request_frame(work), REQUEST)) == work
+
+
+def _head(**over: object) -> bytes:
+    head = {"request_id": "r", "trace": None, "cache_salt": None, "lease_s": 0.0,
+            "background": False, "sampling": [8, 0.0, 1.0, [], None, False], **over}
+    raw = json.dumps(head).encode()
+    return len(raw).to_bytes(4, "little") + raw + (7).to_bytes(4, "little")
+
+
+@pytest.mark.parametrize("raw", [
+    b"",
+    b"\xff\xff\xff\x00{}",  # a header longer than the payload
+    _head()[:-1],  # token ids not a whole number of u32
+    (2).to_bytes(4, "little") + b"[]",  # a header that is not an object
+    _head(request_id=5),
+    _head(sampling=[8, 0.0, 1.0, []]),
+    _head(sampling=["8", 0.0, 1.0, [], None, False]),
+    _head(sampling=[True, 0.0, 1.0, [], None, False]),  # a bool is no token count
+    _head(sampling=[8, 0.0, 1.0, [1], None, False]),
+    _head(sampling=[8, 0.0, 1.0, [], None, 1]),
+    _head(trace={"a": 1}),
+    _head(cache_salt=3),
+    _head(lease_s="1"),
+    _head(background="no"),
+    len(b"{").to_bytes(4, "little") + b"{",  # not JSON
+])
+def test_a_malformed_request_is_a_value_error(raw: bytes) -> None:
+    with pytest.raises(ValueError):
+        parse_request(raw)
+
+
+@given(st.integers(0, 10**6), st.integers(0, 10**6), st.integers(0, 10**6),
+       st.integers(0, 10**6), st.sampled_from(["stop", "length", "abort"]),
+       st.none() | texts, st.lists(st.integers(0, 2**64 - 1), max_size=50))
+def test_a_final_round_trips(p: int, c: int, cached: int, host: int, reason: str,
+                             stop: str | None, hashes: list[int]) -> None:
+    events = (BlockStored("m", "r1", tuple(hashes), "host"),
+              BlockRemoved("m", "r1", tuple(hashes[:3])), AllBlocksCleared("m", "r1"))
+    final = Final("r1", Usage(p, c, cached, host), reason, stop, events)
+    assert parse_final(payload(final_frame(final), FINAL)) == final
+
+
+@given(texts, st.sampled_from([400, 413, 422]))
+def test_a_rejection_round_trips(message: str, status: int) -> None:
+    msg = Rejected("r1", message, status)
+    assert parse_rejected(payload(rejected_frame(msg), REJECTED)) == msg
