@@ -104,6 +104,13 @@ class ModelConfig(Strict):
         "(bypassing the router), e.g. to benchmark other routers over the same replicas; "
         "its POST routes need the deployment's random token (/kvroute/replicas lists it).",
     )
+    stream_interval_ms: float = Field(
+        0.0, ge=0, le=1000, description="Stream pacing: after a token chunk, the next leaves "
+        "a replica no sooner than this, carrying every token released meanwhile (vLLM's "
+        "and SGLang's stream_interval, in time). The first token and the end are never "
+        "held. Fewer, larger chunks cut per-token CPU in worker and router; 0: each "
+        "release at once (workers.stream_pacing).",
+    )
     default_max_tokens: int = Field(
         1024, ge=1, description="Output limit when a request sets none (capped by context)."
     )

@@ -41,6 +41,7 @@ from workers.protocol import (
 from workers.publisher import IndexPublisher
 from workers.sim_engine import SimEngine
 from workers.spans import GenerationSpans
+from workers.stream_pacing import paced
 
 if TYPE_CHECKING:
     from workers.vllm_events import VllmEventPublisher
@@ -173,7 +174,7 @@ class ModelWorker:
             "gen_ai.usage.input_tokens": len(req.token_ids),
         })
         final: Final | None = None
-        items = self._guarded(req)
+        items = paced(self._guarded(req), self._cfg.stream_interval_ms / 1000)
         relay: AsyncGenerator[Handoff | Final, None] | None = None
         loopback = self._loopback if request.loopback_node == self._node else None
         try:

@@ -156,6 +156,7 @@ class AgentBenchSpec:
     base: str | None = None  # "before" runs this tree's code (None: the cache switched off)
     rounds: int = 1  # the modes alternated this many times
     ingress: str = "proxy"  # "after"'s server.ingress (the base tree may predate the key)
+    paced_ms: float | None = None  # also run "paced": "after" with this stream_interval_ms
     # think times scaled down (more requests per run); everything else as bench compare
     agent: AgentParams = field(default_factory=lambda: AgentParams(
         tool_time_s=0.2, user_time_s=1.0))
@@ -199,11 +200,13 @@ def agent_mode(mode: str, spec: AgentBenchSpec, model_path: str) -> dict[str, An
     here = Path(__file__).resolve().parents[2]
     tree, env = (Path(spec.base), {}) if spec.base and mode == "before" else (here, {})
     if not spec.base:
-        env = MODES[mode]
+        env = MODES["after" if mode == "paced" else mode]
     stack = {"engine": "sim", "replicas": 1, "sim": dict(spec.sim), "context_window": 262144,
              "model_path": model_path}
-    if mode == "after" and spec.ingress != "proxy":
+    if mode != "before" and spec.ingress != "proxy":
         stack["ingress"] = spec.ingress
+    if mode == "paced":  # "after" with stream pacing (the base tree predates the key)
+        stack["stream_interval_ms"] = spec.paced_ms
     for attempt in range(STACK_ATTEMPTS):  # a busy machine's Ray can time out starting
         try:
             with tree_stack(tree, stack, env) as url:
@@ -238,8 +241,9 @@ def run_agent(spec: AgentBenchSpec, model_path: str, show: bool = True) -> dict[
     by = {m: 1e3 * sum(r["router_cpu_s"] for r in out if r["mode"] == m)
           / max(1, sum(r["requests"] for r in out if r["mode"] == m)) for m in spec.modes}
     ratio = by["after"] / by["before"] if by.get("before") and "after" in by else None
+    paced = by["paced"] / by["before"] if by.get("before") and "paced" in by else None
     return {"agent": {"spec": asdict(spec), "modes": out, "cpu_ms_per_request": by,
-                      "after_over_before": ratio}}
+                      "after_over_before": ratio, "paced_over_before": paced}}
 
 
 def agent_markdown(result: dict[str, Any]) -> str:
@@ -254,6 +258,10 @@ def agent_markdown(result: dict[str, Any]) -> str:
     ratio = result["agent"]["after_over_before"]
     if ratio is not None:
         lines.append(f"\nafter / before router CPU per request: {ratio:.2f}x")
+    paced = result["agent"].get("paced_over_before")
+    if paced is not None:
+        lines.append(f"paced ({result['agent']['spec']['paced_ms']:g} ms stream interval) / "
+                     f"before router CPU per request: {paced:.2f}x")
     return "\n".join(lines) + "\n"
 
 
@@ -278,6 +286,8 @@ def add_arguments(r: Any) -> None:
                    "this many times (the ratio is over all rounds)")
     r.add_argument("--agent-ingress", choices=("proxy", "direct"), default="proxy",
                    help="--agent: \"after\"'s server.ingress (\"before\" keeps Serve's proxy)")
+    r.add_argument("--agent-paced-ms", type=float, help="--agent: also run \"paced\": "
+                   "\"after\" with this model stream_interval_ms (workers.stream_pacing)")
     r.add_argument("--specials", action="store_true", help="the cost of encoding client "
                    "special-token strings as text, fast and slow path (in process; "
                    "ops.bench.special_cost)")
@@ -298,7 +308,9 @@ def cli(args: Any, model_path: str) -> tuple[dict[str, Any], str]:
                               concurrency=args.agent_concurrency,
                               max_tokens=args.agent_max_tokens, base=args.agent_base,
                               rounds=args.agent_rounds, ingress=args.agent_ingress,
-                              modes=tuple(m for m in args.modes.split(",") if m in MODES))
+                              modes=tuple(m for m in args.modes.split(",") if m in MODES)
+                              + (("paced",) if args.agent_paced_ms is not None else ()),
+                              paced_ms=args.agent_paced_ms)
         result.update(run_agent(spec, model_path, show=not args.quiet))
         text += ("\n" if text else "") + agent_markdown(result)
     if args.specials:

@@ -27,17 +27,19 @@ MODEL = "loop-sim"
 SEEN: dict[str, dict[str, Any]] = {}  # transport -> what it answered
 
 
-TRANSPORTS = {  # name -> (stream_transport, start_transport)
-    "serve": ("serve", "serve"), "loopback": ("loopback", "serve"),
-    "call": ("loopback", "loopback"),
+TRANSPORTS = {  # name -> (stream_transport, start_transport, stream_interval_ms)
+    "serve": ("serve", "serve", 0), "loopback": ("loopback", "serve", 0),
+    "call": ("loopback", "loopback", 0), "paced": ("loopback", "loopback", 20),
 }
+CHUNKS: dict[str, int] = {}  # transport -> content chunks of its streamed answer
 
 
 @pytest.fixture(scope="module", params=list(TRANSPORTS))
 def stack(request: pytest.FixtureRequest, ray_local: None, tiny_model_dir: Path,
           serve_port: int) -> Iterator[tuple[str, str]]:
-    stream, start = TRANSPORTS[request.param]
-    cfg = stack_config(serve_port, sim_model(MODEL, tiny_model_dir, tpot_s=0.002),
+    stream, start, interval = TRANSPORTS[request.param]
+    model = sim_model(MODEL, tiny_model_dir, tpot_s=0.002, stream_interval_ms=interval)
+    cfg = stack_config(serve_port, model,
                        index=IndexConfig(),
                        router=RouterConfig(stream_transport=stream, start_transport=start))
     with deployed(cfg) as url:
@@ -64,6 +66,7 @@ def _chat(url: str, stream: bool) -> tuple[str, dict[str, Any]]:
                 usage = event["usage"]
             for choice in event.get("choices", []):
                 text.append(choice["delta"].get("content") or "")
+    CHUNKS[url] = sum(1 for t in text if t)
     return "".join(text), usage
 
 
@@ -83,7 +86,10 @@ def test_all_transports_answer_alike(stack: tuple[str, str]) -> None:
     SEEN[transport] = {"text": whole, "usage": w_usage["completion_tokens"]}
     assert all(seen == SEEN[transport] for seen in SEEN.values())  # as the others answered
     deadline = time.monotonic() + 15  # the report reaches the router with the routing stats
-    want = {"serve": (False, False), "loopback": (True, False), "call": (True, True)}[transport]
+    if transport == "paced":  # 40 tokens 2 ms apart, one chunk per 20 ms at most
+        assert CHUNKS[url] <= 10, CHUNKS[url]
+    want = {"serve": (False, False), "loopback": (True, False), "call": (True, True),
+            "paced": (True, True)}[transport]
     while (got := tuple(n > 0 for n in _counts(url))) != want and time.monotonic() < deadline:
         time.sleep(0.3)
     assert got == want, _counts(url)

@@ -1,0 +1,83 @@
+"""Stream pacing (``ModelConfig.stream_interval_ms``): at most one token chunk per
+interval leaves a replica; the tokens released meanwhile go out merged in the next.
+
+Why: past the first token, every chunk costs the worker a frame, the router a read, an
+SSE event and a write to the client, and on a VM each of those system calls and wake-ups
+is tens of microseconds: per-token overhead was over half the router's CPU per agent
+turn (docs/benchmarks.md, issue 16). vLLM, SGLang and TensorRT-LLM offer the same knob
+(``stream_interval``, in tokens); here it is in time, so a slow stream is never held:
+with 40 ms between tokens, a 20 ms interval changes nothing.
+
+Never held: the first chunk (time to first token), and the end (a ``Finished`` or a
+``Rejected`` flushes what is held and follows at once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import TypeVar
+
+from workers.protocol import TokenChunk
+
+T = TypeVar("T")
+
+
+async def paced(items: AsyncIterator[T], interval_s: float) -> AsyncGenerator[T, None]:
+    """``items`` with consecutive ``TokenChunk``s merged so that chunks leave at least
+    ``interval_s`` apart (0: unchanged). Closing this closes ``items``."""
+    if interval_s <= 0:
+        try:
+            async for item in items:
+                yield item
+        finally:
+            await _close(items)
+        return
+    loop = asyncio.get_running_loop()
+    held: TokenChunk | None = None
+    sent_at = -interval_s
+    pending: asyncio.Future[T] | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(anext(items))  # type: ignore[arg-type]
+            if held is not None:  # wait for more only until the interval is over
+                await asyncio.wait({pending}, timeout=max(0.0, sent_at + interval_s
+                                                          - loop.time()))
+                if not pending.done():
+                    yield held  # type: ignore[misc]
+                    held, sent_at = None, loop.time()
+                    continue
+            try:
+                item = await pending
+            except StopAsyncIteration:
+                break
+            finally:
+                if pending.done():
+                    pending = None
+            if not isinstance(item, TokenChunk):
+                if held is not None:
+                    yield held  # type: ignore[misc]
+                    held = None
+                yield item
+            elif held is None and loop.time() - sent_at >= interval_s:
+                yield item
+                sent_at = loop.time()
+            else:
+                held = item if held is None else TokenChunk(
+                    held.text + item.text, held.token_ids + item.token_ids)
+        if held is not None:
+            yield held  # type: ignore[misc]
+    finally:
+        if pending is not None and not pending.done():
+            pending.cancel()  # ends the engine's stream where it waits
+            with contextlib.suppress(BaseException):
+                await pending
+        await _close(items)
+
+
+async def _close(items: AsyncIterator[object]) -> None:
+    aclose = getattr(items, "aclose", None)
+    if aclose is not None:
+        await aclose()
