@@ -28,10 +28,16 @@ class Buffered(Generic[E]):
 def partial_suffix(buf: str, markers: tuple[str, ...]) -> int:
     """Length of the longest suffix of ``buf`` that is a proper prefix of a marker (held
     back: the next chunk may complete the marker)."""
-    best = 0
+    best, size = 0, len(buf)
     for marker in markers:
-        for n in range(min(len(marker) - 1, len(buf)), best, -1):
-            if buf.endswith(marker[:n]):
-                best = n
+        if not marker:
+            continue
+        # Only a place where the marker's first character is can start such a suffix
+        # (one ``find`` per candidate, not an ``endswith`` per length: this runs per chunk).
+        i = buf.find(marker[0], max(size - len(marker) + 1, 0))
+        while 0 <= i < size - best:
+            if marker.startswith(buf[i:]):  # the longest first: i only grows
+                best = size - i
                 break
+            i = buf.find(marker[0], i + 1)
     return best

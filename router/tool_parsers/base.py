@@ -174,6 +174,21 @@ class MarkerParser(Buffered[Event]):
         self._started = False  # any non-whitespace output seen
         self._calls = 0
         self._after_call = False  # the next text follows a call: strip its leading space
+        self._markers = tuple(self._ends)
+        self._firsts = tuple({m[0] for m in self._markers if m})  # where a marker can start
+
+    def feed(self, text: str) -> list[Event]:
+        buf = self._buf + text
+        if self._inside or (self._f.bare_json and not self._started) or any(
+                c in buf for c in self._firsts):
+            return super().feed(text)
+        # Plain text, the bulk of a stream: no marker nor a marker's start can be in it, so
+        # this is ``_step``'s text branch without the searches (tests/router/tool_parsers).
+        body = buf.rstrip()  # trailing space waits: dropped if a call follows
+        out: list[Event] = []
+        self._text(body, out, trim_end=False)
+        self._buf = buf[len(body):]
+        return out
 
     def _step(self, out: list[Event]) -> bool:
         f = self._f
@@ -200,7 +215,7 @@ class MarkerParser(Buffered[Event]):
             self._end, self._kept = self._ends[start], "" if start == f.start else start
             self._buf = self._buf[i + len(start):]
             return True
-        keep = partial_suffix(self._buf, tuple(self._ends))
+        keep = partial_suffix(self._buf, self._markers)
         safe = self._buf[: len(self._buf) - keep]
         body = safe.rstrip()  # trailing space waits: dropped if a call follows
         self._text(body, out, trim_end=False)
