@@ -79,9 +79,9 @@ class ClientGuardMiddleware:
         timeout_s: float | None = getattr(state, "request_timeout_s", None)
         client = _Client(receive)
 
-        async def send_tracked(message: Message) -> None:
+        def send_tracked(message: Message) -> Awaitable[None]:  # no frame of its own
             client.started = client.started or message["type"] == "http.response.start"
-            await send(message)
+            return send(message)
 
         handler = asyncio.ensure_future(self.app(scope, client.receive, send_tracked))
         watcher = asyncio.ensure_future(client.watch())

@@ -73,14 +73,17 @@ class Generation:
         try:
             msg: WorkerMessage | None = self.first
             while msg is not None:
-                if isinstance(msg, Final) and self.carried:
-                    msg = self._whole_usage(msg)
-                self._observe(msg)
-                if isinstance(msg, Final):
-                    self.final = msg
-                    self._owner.on_final(self.model, msg)
-                elif isinstance(msg, Chunk):
+                if isinstance(msg, Chunk):  # most messages: one test, no calls
+                    if not self._run.ticket.prefilled:
+                        self._observe(msg)
                     self.sent.extend(msg.token_ids)
+                else:
+                    if isinstance(msg, Final) and self.carried:
+                        msg = self._whole_usage(msg)
+                    self._observe(msg)
+                    if isinstance(msg, Final):
+                        self.final = msg
+                        self._owner.on_final(self.model, msg)
                 yield msg
                 msg = None if self.final else await self._next()
         except Exception:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import MutableMapping
+from collections.abc import Awaitable, MutableMapping
 from typing import Any
 
 from ray.serve import context as serve_context
@@ -59,10 +59,10 @@ class RequestIds:
         serve_context._serve_request_context.set(serve_context._RequestContext(  # noqa: SLF001
             route=scope.get("path", ""), request_id=rid, app_name=self.app_name))
 
-        async def send_with_id(message: Message) -> None:
+        def send_with_id(message: Message) -> Awaitable[None]:  # no frame of its own
             if message["type"] == "http.response.start":
                 message = {**message, "headers": [*message.get("headers", ()), header]}
-            await send(message)
+            return send(message)
 
         await self.app(scope, receive, send_with_id)
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from router.tool_calls import ToolCall
@@ -116,12 +118,13 @@ class ChunkEncoder:
                   else text_chunk(rid, model, mark, None, self.created))
         parts = sse(sample).split(json.dumps(mark).encode())
         self._parts = (parts[0], parts[1]) if len(parts) == 2 else None
+        self._head, self._tail = self._parts or (b"", b"")
 
     def text(self, text: str) -> bytes:
         """A content delta (chat) or a text chunk (completions)."""
         if self._parts is None:  # a NUL in the id or model name: no template
             return self.delta({"content": text} if self.chat else {"text": text})
-        return self._parts[0] + json.dumps(text).encode() + self._parts[1]
+        return self._head + quote(text).encode() + self._tail
 
     def delta(self, delta: dict[str, Any], reason: str | None = None) -> bytes:
         """Any other chunk: a chat delta (tool calls, the role, the end) or a text end."""
@@ -133,6 +136,10 @@ class ChunkEncoder:
     def usage(self, final: Final | None) -> bytes:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
         return sse(usage_chunk(self.rid, self.model, obj, final, self.created))
+
+
+# ``json.dumps(text)`` for a str, without its Python layers: the function it calls.
+quote: Callable[[str], str] = encode_basestring_ascii
 
 
 def sse(data: dict[str, Any] | str) -> bytes:

@@ -152,8 +152,11 @@ async def _stream(
             yield enc.delta({"role": "assistant", "content": ""})
         async for batch in rp.event_batches(gen.messages(), out.parser if out else None,
                                             out.reasoner if out else None):
-            if data := b"".join(_encode(enc, out, ev) for ev in batch):
-                yield data  # one write per worker message
+            # one write per worker message; mostly one event (a token's text): no join
+            data = (_encode(enc, out, batch[0]) if len(batch) == 1
+                    else b"".join([_encode(enc, out, ev) for ev in batch]))
+            if data:
+                yield data
         reason = oa.finish_reason(gen.final, bool(out and out.calls))
         end = enc.delta({} if out is not None else {"text": ""}, reason)
         yield end + enc.usage(gen.final) + DONE if include_usage else end + DONE

@@ -4,8 +4,9 @@ through the router's own ASGI stack (``RequestIds``, telemetry, client guard, Fa
 waits, and no socket (what a real stream adds per token on top: the write syscall and the
 loopback stream's wake-up). Also the tool-call parser and the chunk encoder on their own.
 
-``python -m ops.bench.stream_cost [N]``: median µs per token over N requests of 140
-one-word chunks (the sim engine's ``" w123"``) with tools declared (hermes parser).
+``python -m ops.bench.stream_cost [N]``: CPU µs (process time) per token, from the medians of
+N requests of 140 and of 1 one-word chunks (the sim engine's ``" w123"``), alternated, with
+tools declared (hermes parser).
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ from workers.protocol import Chunk, Final, Usage, WorkerMessage
 
 TOKENS = 140
 TEXTS = [f" w{1000 + 37 * i}" for i in range(TOKENS)]
-BODY = b'{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}'
 
 
 class _Stream:
@@ -70,9 +70,9 @@ class _Owner:
         raise err
 
 
-def _generation(owner: _Owner) -> Generation:
-    msgs: list[WorkerMessage] = [Chunk("r", t, (i,)) for i, t in enumerate(TEXTS)]
-    msgs.append(Final("r", Usage(14000, TOKENS, 13000), "stop"))
+def _generation(owner: _Owner, tokens: int) -> Generation:
+    msgs: list[WorkerMessage] = [Chunk("r", t, (i,)) for i, t in enumerate(TEXTS[:tokens])]
+    msgs.append(Final("r", Usage(14000, tokens, 13000), "stop"))
     ticket = owner.loads.begin("m", "r", 14000)
     run = Started("m", Candidate("m", "r"), msgs[0], _Stream(msgs[1:]), ticket)
     return Generation("m", "r", "router", 0, 14000, run.first, run, owner,  # type: ignore[arg-type]
@@ -89,8 +89,7 @@ def _app() -> Any:
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
-        await request.body()
-        gen = _generation(owner)
+        gen = _generation(owner, int(await request.body()))
         out = openai_routes._Output(hermes.FAMILY.parser(tc.schemas(tools)), False)  # noqa: SLF001
         body = openai_routes._stream(gen, "chatcmpl-1", "m", out, True)  # noqa: SLF001
         return hu.GenerationStream(body, gen, {"x-kvroute-replica": "r"})
@@ -98,7 +97,7 @@ def _app() -> Any:
     return RequestIds(app, "bench")
 
 
-async def _request(app: Any) -> int:
+async def _request(app: Any, tokens: int) -> int:
     scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
              "http_version": "1.1", "method": "POST", "scheme": "http",
              "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
@@ -112,7 +111,7 @@ async def _request(app: Any) -> int:
     async def receive() -> dict[str, Any]:
         if not sent[0]:
             sent[0] = True
-            return {"type": "http.request", "body": BODY, "more_body": False}
+            return {"type": "http.request", "body": b"%d" % tokens, "more_body": False}
         await gone.wait()
         return {"type": "http.disconnect"}
 
@@ -125,13 +124,14 @@ async def _request(app: Any) -> int:
     return size
 
 
+def _cpu(once: Any) -> float:
+    start = time.process_time()
+    once()
+    return time.process_time() - start
+
+
 def _per_token(n: int, once: Any) -> float:
-    times = []
-    for _ in range(n):
-        start = time.perf_counter()
-        once()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) / TOKENS * 1e6
+    return statistics.median(_cpu(once) for _ in range(n)) / TOKENS * 1e6
 
 
 def main() -> None:
@@ -139,9 +139,14 @@ def main() -> None:
     telemetry.ACCESS.setLevel(logging.WARNING)  # one access line per request: not ours
     app = _app()
     loop = asyncio.new_event_loop()
-    for _ in range(50):
-        loop.run_until_complete(_request(app))
-    whole = _per_token(n, lambda: loop.run_until_complete(_request(app)))
+    long, short = [], []  # alternated: the difference is the per-token part
+    for i in range(n + 50):
+        for tokens, times in ((TOKENS, long), (1, short)):
+            t = _cpu(lambda: loop.run_until_complete(_request(app, tokens)))  # noqa: B023
+            if i >= 50:
+                times.append(t)
+    request = statistics.median(short) * 1e6
+    whole = (statistics.median(long) - statistics.median(short)) / (TOKENS - 1) * 1e6
 
     def parse() -> None:
         p = hermes.FAMILY.parser()
@@ -152,8 +157,8 @@ def main() -> None:
     enc = oa.ChunkEncoder("chatcmpl-1", "m", chat=True)
     parser = _per_token(n * 10, parse)
     encode = _per_token(n * 10, lambda: [enc.text(t) for t in TEXTS])
-    print(f"stream {whole:.2f} us/token, parser {parser:.2f}, encoder {encode:.2f} "
-          f"(median of {n} requests x {TOKENS} tokens)")
+    print(f"stream {whole:.2f} us/token over a 1-token request's {request:.0f} us; parser "
+          f"{parser:.2f} us/token, encoder {encode:.2f} (CPU, medians of {n} requests)")
 
 
 if __name__ == "__main__":

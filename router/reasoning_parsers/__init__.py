@@ -154,9 +154,12 @@ async def event_batches(messages: AsyncIterator[WorkerMessage], tools: ToolParse
 
     async for msg in messages:
         if isinstance(msg, Chunk) and (text := msg.text):
-            if tools is None and reasoning is None:
+            if reasoning is not None:
+                if batch := answer(reasoning.feed(text)):
+                    yield batch
+            elif tools is None:
                 yield [text]
-            elif batch := answer(reasoning.feed(text) if reasoning else [text]):
+            elif batch := tools.feed(text):  # ``answer([text])`` without its list and loop
                 yield batch
     tail = answer(reasoning.flush() if reasoning else [])
     if tools is not None:

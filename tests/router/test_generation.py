@@ -52,8 +52,10 @@ class Owner:
         self.then, self.resumed_from = then, None
         self.finals: list[Final] = []
         self.refunds: list[int] = []
+        self.first_tokens = 0
 
-    def on_first_token(self) -> None: ...
+    def on_first_token(self) -> None:
+        self.first_tokens += 1
 
     def on_final(self, model: str, final: Final) -> None:
         self.finals.append(final)
@@ -95,6 +97,23 @@ def test_a_cut_stream_resumes_and_reports_whole_usage() -> None:
     assert isinstance(msgs[-1], Final) and msgs[-1].usage == Usage(3, 6, 3)
     assert owner.finals == [msgs[-1]]
     assert owner.loads.get("m", "r1").ongoing == owner.loads.get("m", "r2").ongoing == 0
+
+
+def test_the_first_token_of_each_replicas_stream_is_observed_once() -> None:
+    """Prefill ends once per replica's stream: at r1's first chunk and at r2's after the
+    resume, never at later chunks; the request's time to first token is r1's."""
+    owner = Owner(max_resumes=1, then=[Chunk("r2", "c", (3,)), Chunk("r2", "d", (4,)),
+                                       Final("r2", Usage(4, 2, 0), "stop")])
+    gen = make(owner, "r1", [Chunk("r1", "a", (1,)), Chunk("r1", "b", (2,))], fail=True)
+    first = []
+
+    async def run() -> None:
+        async for _ in gen.messages():
+            first.append(gen._info.first_token_at)
+
+    asyncio.run(run())
+    assert owner.first_tokens == 2 and gen.sent == [1, 2, 3, 4]
+    assert first[0] is not None and first == [first[0]] * 5
 
 
 def test_without_resumes_left_the_failure_reaches_the_caller() -> None:

@@ -91,3 +91,45 @@ def test_event_batches_give_one_list_per_message() -> None:
     flat = [ev for b in batches for ev in b]
     assert all(batches) and "".join(e for e in flat if isinstance(e, str)) == "Hi there"
     assert [e.name for e in flat if isinstance(e, tc.ToolCall)] == ["f"]
+
+
+@settings(max_examples=500, deadline=None)
+@given(text=st.text())  # any str, lone surrogates included
+def test_quote_is_json_dumps(text: str) -> None:
+    assert oa.quote(text) == json.dumps(text)
+
+
+def _answer_reference(chunks: list[str], tools: tc.ToolParser | None,
+                      reasoning: rp.ReasoningParser | None) -> list[list[rp.Event]]:
+    """``event_batches`` written plainly: every piece through both parsers, in order."""
+    def answer(pieces: list[rp.Event]) -> list[rp.Event]:
+        out: list[rp.Event] = []
+        for p in pieces:
+            if isinstance(p, rp.Reasoning) or tools is None:
+                out.append(p)
+            else:
+                out.extend(tools.feed(p))
+        return out
+
+    batches = [answer(reasoning.feed(c) if reasoning else [c]) for c in chunks if c]
+    tail = answer(reasoning.flush() if reasoning else [])
+    tail += tools.flush() if tools else []
+    return [b for b in [*batches, tail] if b]  # only lists with events
+
+
+@settings(max_examples=300, deadline=None)
+@given(chunks=st.lists(st.sampled_from(
+    [" w1", " ", "\n", "é", "<", "<think>", "</think>", "<tool_", "call>", "<tool_call>",
+     '{"name": "f", "arguments": {}}', "</tool_call>", "",
+     'a <tool_call>{"name": "g", "arguments": {}}</tool_call>b', "r</think>t"]), max_size=25),
+    tools=st.booleans(), reasoning=st.booleans())
+def test_event_batches_match_the_plain_definition(chunks: list[str], tools: bool,
+                                                  reasoning: bool) -> None:
+    def parsers() -> tuple[tc.ToolParser | None, rp.ReasoningParser | None]:
+        return (tc.make_parser("hermes") if tools else None,
+                rp.SPECS["qwen3"].make(False) if reasoning else None)
+
+    async def run() -> list[list[rp.Event]]:
+        return [b async for b in rp.event_batches(_messages(chunks), *parsers())]
+
+    assert asyncio.run(run()) == _answer_reference(chunks, *parsers())

@@ -1,0 +1,47 @@
+"""``RequestIds`` (the direct listener's request-id layer) on its own, over a streamed reply:
+the body passes byte for byte, the response carries the request's id (the client's if it
+is a plain token, else a new one), and the app sees the same id in its request headers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from router.listener import RequestIds
+
+CHUNKS = [b"data: one\n\n", b"data: \xc3\xa9\n\n", b"data: [DONE]\n\n"]
+
+
+async def _stream(request: Request) -> Response:
+    async def body() -> AsyncIterator[bytes]:
+        for c in CHUNKS:
+            yield c
+
+    seen = request.headers.get("x-request-id", "")
+    return StreamingResponse(body(), headers={"x-seen-id": seen})
+
+
+async def _get(headers: dict[str, str]) -> httpx.Response:
+    app = RequestIds(Starlette(routes=[Route("/s", _stream)]), "app")
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://t") as c:
+        return await c.get("/s", headers=headers)
+
+
+def test_a_streamed_reply_passes_whole_with_the_clients_id() -> None:
+    r = asyncio.run(_get({"x-request-id": "abc-123"}))
+    assert r.content == b"".join(CHUNKS)
+    assert r.headers.get_list("x-request-id") == ["abc-123"] == [r.headers["x-seen-id"]]
+
+
+def test_an_id_that_is_not_a_plain_token_is_replaced() -> None:
+    r = asyncio.run(_get({"x-request-id": "a b<script>"}))
+    rid = r.headers["x-request-id"]
+    assert rid != "a b<script>" and len(rid) == 32 and rid == r.headers["x-seen-id"]
+    assert r.content == b"".join(CHUNKS)
