@@ -17,6 +17,7 @@ section (gpt-oss's harmony channels) bring their own parser class (``factory``).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -175,12 +176,12 @@ class MarkerParser(Buffered[Event]):
         self._calls = 0
         self._after_call = False  # the next text follows a call: strip its leading space
         self._markers = tuple(self._ends)
-        self._firsts = tuple({m[0] for m in self._markers if m})  # where a marker can start
+        firsts = sorted({m[0] for m in self._markers if m})  # where a marker can start
+        self._may_start = re.compile("|".join(map(re.escape, firsts)) or "(?!)").search
 
     def feed(self, text: str) -> list[Event]:
         buf = self._buf + text
-        if self._inside or (self._f.bare_json and not self._started) or any(
-                c in buf for c in self._firsts):
+        if self._inside or (self._f.bare_json and not self._started) or self._may_start(buf):
             return super().feed(text)
         # Plain text, the bulk of a stream: no marker nor a marker's start can be in it, so
         # this is ``_step``'s text branch without the searches (tests/router/tool_parsers).
