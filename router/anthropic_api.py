@@ -31,6 +31,7 @@ import string
 from typing import Any
 
 from router import telemetry
+from router.openai_api import quote
 from router.reasoning_parsers import Event, Reasoning
 from router.tool_calls import ToolCall
 from workers.protocol import Final, Usage
@@ -154,7 +155,7 @@ class Blocks:
             self._open = True
             self._delta = block_delta_template(len(self.content) - 1, kind)
         self.content[-1][key] += text
-        out.append(self._delta[0] + json.dumps(text).encode() + self._delta[1])
+        out.append(self._delta[0] + quote(text).encode() + self._delta[1])
         return out
 
     def finish(self) -> list[bytes]:

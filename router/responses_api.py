@@ -29,6 +29,7 @@ import uuid
 from typing import Any
 
 from router import telemetry
+from router.openai_api import quote
 from router.reasoning_parsers import Event, Reasoning
 from router.reasoning_parsers.controls import with_past_reasoning
 from router.responses_schema import ResponsesRequest
@@ -114,7 +115,7 @@ class Output:
         out = [] if self._open == kind else [*self._close_text(), *self._open_item(kind)]
         self.items[-1]["content"][0]["text"] += text
         head, mid, tail = self._delta
-        out.append(head + str(self._seq).encode() + mid + json.dumps(text).encode() + tail)
+        out.append(head + str(self._seq).encode() + mid + quote(text).encode() + tail)
         self._seq += 1
         return out
 

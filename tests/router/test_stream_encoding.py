@@ -133,3 +133,12 @@ def test_event_batches_match_the_plain_definition(chunks: list[str], tools: bool
         return [b async for b in rp.event_batches(_messages(chunks), *parsers())]
 
     assert asyncio.run(run()) == _answer_reference(chunks, *parsers())
+
+
+@settings(max_examples=150, deadline=None)
+@given(texts=st.lists(TEXT, min_size=1, max_size=4))
+def test_anthropic_text_deltas_are_the_dict_events(texts: list[str]) -> None:
+    blocks = aa.Blocks()
+    sent = [e for t in texts for e in blocks.add(t)]
+    assert [e for e in sent if b"content_block_delta" in e] == [
+        aa.block_delta(0, "text", t) for t in texts]
