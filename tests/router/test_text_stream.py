@@ -21,7 +21,7 @@ def reference(buf: str, markers: tuple[str, ...]) -> int:
                default=0)
 
 
-@settings(max_examples=2000, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(buf=TEXT, markers=st.lists(st.sampled_from(MARKERS), max_size=4).map(tuple),
        tail=st.sampled_from(MARKERS).flatmap(lambda m: st.sampled_from(
            [m[:n] for n in range(len(m) + 1)])))
