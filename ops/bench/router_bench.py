@@ -122,15 +122,25 @@ def router_process() -> psutil.Process:
     """The newest kvroute router replica process of the Ray this process started (its
     descendants: other local clusters' routers are not ours; a previous mode's router may
     still be exiting)."""
+    return _newest("ServeReplica:kvroute:kvroute-router", "router replica")
+
+
+def proxy_process() -> psutil.Process:
+    """The newest Serve HTTP proxy of the Ray this process started (as ``router_process``).
+    With ``server.ingress: direct`` it serves no request, but it runs."""
+    return _newest("ProxyActor", "Serve proxy")
+
+
+def _newest(marker: str, what: str) -> psutil.Process:
     found = []
     for p in psutil.Process().children(recursive=True):
         try:
-            if any("ServeReplica:kvroute:kvroute-router" in part for part in p.cmdline()):
+            if any(marker in part for part in p.cmdline()):
                 found.append(p)
         except psutil.Error:
             continue
     if not found:
-        raise RuntimeError("no router replica process found")
+        raise RuntimeError(f"no {what} process found")
     return max(found, key=lambda p: p.create_time())
 
 

@@ -37,7 +37,7 @@ from typing import Any
 
 from ops.bench.client import Client, LoadSpec, Runner, agent_driver
 from ops.bench.compare import MODEL, free_port
-from ops.bench.router_bench import MODES, Prompts, _cpu, router_process
+from ops.bench.router_bench import MODES, Prompts, _cpu, proxy_process, router_process
 from ops.bench.tree_stack import StackStartError, tree_stack
 from ops.bench.workloads import AgentParams, AgentWorkload, Call, Spawn, Step
 
@@ -210,10 +210,10 @@ def agent_mode(mode: str, spec: AgentBenchSpec, model_path: str) -> dict[str, An
     for attempt in range(STACK_ATTEMPTS):  # a busy machine's Ray can time out starting
         try:
             with tree_stack(tree, stack, env) as url:
-                proc = router_process()
-                cpu = _cpu(proc)
+                proc, proxy = router_process(), proxy_process()
+                cpu, proxy_cpu = _cpu(proc), _cpu(proxy)
                 records = asyncio.run(_agent_load(url, spec, mode))
-                cpu = _cpu(proc) - cpu
+                cpu, proxy_cpu = _cpu(proc) - cpu, _cpu(proxy) - proxy_cpu
             break
         except StackStartError:
             if attempt == STACK_ATTEMPTS - 1:
@@ -223,6 +223,10 @@ def agent_mode(mode: str, spec: AgentBenchSpec, model_path: str) -> dict[str, An
     return {"mode": mode, "tree": str(tree), "ingress": stack.get("ingress", "proxy"),
             "requests": len(ok), "errors": len(records) - len(ok),
             "router_cpu_s": cpu, "cpu_ms_per_request": 1e3 * cpu / max(1, len(ok)),
+            # the router tier: what Serve's proxy does for "before" (HTTP, the client's
+            # writes) the router replica does itself with server.ingress: direct
+            "proxy_cpu_s": proxy_cpu,
+            "tier_cpu_ms_per_request": 1e3 * (cpu + proxy_cpu) / max(1, len(ok)),
             "prompt_tokens_mean": statistics.fmean(r.prompt_tokens for r in ok) if ok else 0,
             "output_tokens_mean": statistics.fmean(r.completion_tokens for r in ok) if ok else 0,
             "tokens_per_chunk": sum(r.completion_tokens for r in ok)
@@ -238,30 +242,44 @@ def run_agent(spec: AgentBenchSpec, model_path: str, show: bool = True) -> dict[
             out.append({"round": i + 1, **agent_mode(mode, spec, model_path)})
             if show:
                 print(f"  agent {mode}: {out[-1]}", flush=True)
-    by = {m: 1e3 * sum(r["router_cpu_s"] for r in out if r["mode"] == m)
-          / max(1, sum(r["requests"] for r in out if r["mode"] == m)) for m in spec.modes}
-    ratio = by["after"] / by["before"] if by.get("before") and "after" in by else None
-    paced = by["paced"] / by["before"] if by.get("before") and "paced" in by else None
+    def per_request(keys: tuple[str, ...]) -> dict[str, float]:
+        return {m: 1e3 * sum(r[k] for r in out if r["mode"] == m for k in keys)
+                / max(1, sum(r["requests"] for r in out if r["mode"] == m))
+                for m in spec.modes}
+
+    def over_before(by: dict[str, float], mode: str) -> float | None:
+        return by[mode] / by["before"] if by.get("before") and mode in by else None
+
+    by = per_request(("router_cpu_s",))
+    tier = per_request(("router_cpu_s", "proxy_cpu_s"))
     return {"agent": {"spec": asdict(spec), "modes": out, "cpu_ms_per_request": by,
-                      "after_over_before": ratio, "paced_over_before": paced}}
+                      "after_over_before": over_before(by, "after"),
+                      "paced_over_before": over_before(by, "paced"),
+                      "tier_cpu_ms_per_request": tier,
+                      "tier_after_over_before": over_before(tier, "after"),
+                      "tier_paced_over_before": over_before(tier, "paced")}}
 
 
 def agent_markdown(result: dict[str, Any]) -> str:
     lines = ["| round | mode | requests (ok) | mean prompt tokens | mean output tokens | "
-             "output tokens per chunk | router CPU ms/request | TTFT ms p50 |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|"]
+             "output tokens per chunk | router CPU ms/request | router + proxy CPU ms/request "
+             "| TTFT ms p50 |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in result["agent"]["modes"]:
+        tier = r.get("tier_cpu_ms_per_request")
         lines.append(f"| {r.get('round', 1)} | {r['mode']} | {r['requests']} | "
                      f"{r['prompt_tokens_mean']:,.0f} | {r.get('output_tokens_mean', 0):.0f} | "
                      f"{r.get('tokens_per_chunk', 0):.2f} | {r['cpu_ms_per_request']:.1f} | "
-                     f"{r['ttft_ms_p50']:.0f} |")
-    ratio = result["agent"]["after_over_before"]
-    if ratio is not None:
-        lines.append(f"\nafter / before router CPU per request: {ratio:.2f}x")
-    paced = result["agent"].get("paced_over_before")
-    if paced is not None:
-        lines.append(f"paced ({result['agent']['spec']['paced_ms']:g} ms stream interval) / "
-                     f"before router CPU per request: {paced:.2f}x")
+                     f"{'' if tier is None else f'{tier:.1f}'} | {r['ttft_ms_p50']:.0f} |")
+    agent = result["agent"]
+    paced = f"paced ({agent.get('spec', {}).get('paced_ms') or 0:g} ms stream interval)"
+    for mode, key, what in (("after", "after_over_before", "router"),
+                            (paced, "paced_over_before", "router"),
+                            ("after", "tier_after_over_before", "router + proxy"),
+                            (paced, "tier_paced_over_before", "router + proxy")):
+        if agent.get(key) is not None:
+            lines.append(f"{mode} / before, {what} CPU per request: {agent[key]:.2f}x")
+    if len(lines) > len(agent["modes"]) + 2:
+        lines.insert(len(agent["modes"]) + 2, "")
     return "\n".join(lines) + "\n"
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from ops.bench.router_scenarios import MOVE_CASES, agent_markdown, move_markdown, run_move
 from tests.stacks import redis_url
 
@@ -28,12 +30,14 @@ def test_move_reads_the_session_from_redis(tiny_model_dir: Path, stack_redis: An
 
 def test_agent_table() -> None:
     modes = [{"mode": m, "requests": 100, "prompt_tokens_mean": 20000.0,
-              "cpu_ms_per_request": cpu, "ttft_ms_p50": 50.0}
-             for m, cpu in (("before", 40.0), ("after", 8.0))]
-    text = agent_markdown({"agent": {"modes": modes, "after_over_before": 0.2}})
-    assert "| 1 | before | 100 | 20,000 | 0 | 0.00 | 40.0 | 50 |" in text
-    assert "| 1 | after | 100 | 20,000 | 0 | 0.00 | 8.0 | 50 |" in text
-    assert "0.20x" in text
+              "cpu_ms_per_request": cpu, "tier_cpu_ms_per_request": tier, "ttft_ms_p50": 50.0}
+             for m, cpu, tier in (("before", 40.0, 90.0), ("after", 8.0, 9.0))]
+    text = agent_markdown({"agent": {"modes": modes, "after_over_before": 0.2,
+                                     "tier_after_over_before": 0.1}})
+    assert "| 1 | before | 100 | 20,000 | 0 | 0.00 | 40.0 | 90.0 | 50 |" in text
+    assert "| 1 | after | 100 | 20,000 | 0 | 0.00 | 8.0 | 9.0 | 50 |" in text
+    assert "after / before, router CPU per request: 0.20x" in text
+    assert "after / before, router + proxy CPU per request: 0.10x" in text
 
 
 def test_capped_agent_workload_keeps_the_sessions() -> None:
@@ -47,3 +51,21 @@ def test_capped_agent_workload_keeps_the_sessions() -> None:
     assert all(c.request.body["max_tokens"] == 1 for c in capped)
     assert [c.request.body["messages"] for c in capped] == \
         [c.request.body["messages"] for c in plain]
+
+
+def test_agent_ratios_are_over_all_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ops.bench import router_scenarios as rs
+
+    cpu = {"before": (8.0, 4.0), "after": (3.0, 0.1), "paced": (2.0, 0.1)}  # router, proxy s
+
+    def fake_mode(mode: str, spec: rs.AgentBenchSpec, model_path: str) -> dict[str, float]:
+        router, proxy = cpu[mode]
+        return {"mode": mode, "requests": 100, "router_cpu_s": router, "proxy_cpu_s": proxy}
+
+    monkeypatch.setattr(rs, "agent_mode", fake_mode)
+    spec = rs.AgentBenchSpec(rounds=2, modes=("before", "after", "paced"), paced_ms=20)
+    got = rs.run_agent(spec, "unused", show=False)["agent"]
+    assert got["cpu_ms_per_request"] == {"before": 80.0, "after": 30.0, "paced": 20.0}
+    assert got["after_over_before"] == pytest.approx(3 / 8)
+    assert got["tier_after_over_before"] == pytest.approx(3.1 / 12)
+    assert got["tier_paced_over_before"] == pytest.approx(2.1 / 12)
