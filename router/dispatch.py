@@ -34,7 +34,7 @@ from router.context import Candidate, RequestContext
 from router.decision import Decider
 from router.errors import ApiError
 from router.load import Ticket
-from router.loopback_call import LoopbackCall
+from router.loopback_call import CallRefused, LoopbackCall
 from router.loopback_stream import Loopback, LoopbackStream
 from router.request_router import RANK_KWARG
 from workers.protocol import EngineError, Handoff, Rejected, WorkerMessage, WorkRequest
@@ -172,12 +172,15 @@ class Dispatcher:
         try:
             call = await LoopbackCall.open(target.replica, address, self.loopback.token,
                                            dataclasses.replace(work, loopback_node=None))
-        except (OSError, TimeoutError) as e:
-            log.warning("replica %s: loopback call unreachable: %r", target.replica, e)
-            self._addresses.pop(target.replica, None)
-            raise _NotTaken from None
+        except (OSError, ValueError, TimeoutError) as e:
+            raise self._not_taken(target, e) from None
+        except BaseException:  # the client left while connecting
+            self.loads.end(ticket)
+            raise
         try:
             first = await asyncio.wait_for(call.first(), self.timeout_s)
+        except CallRefused as e:  # not that replica any more (a restart, a redeploy)
+            raise self._not_taken(target, e) from None
         except TimeoutError:
             call.cancel()
             self.loads.end(ticket)
@@ -185,6 +188,7 @@ class Dispatcher:
                            "timeout", retry_after_s=5.0) from None
         except EngineError as e:
             log.warning("replica %s failed before first token: %r", target.replica, e)
+            call.cancel()
             self.loads.end(ticket)
             return None
         except BaseException:  # the client left: closing the call cancels it
@@ -197,6 +201,12 @@ class Dispatcher:
             self.loads.end(ticket)
             raise ApiError(first.status, first.message, "engine_rejected")
         return Started(target.model, target, first, call, ticket)
+
+    def _not_taken(self, target: Candidate, err: BaseException) -> _NotTaken:
+        """Forget an address that answers no call; the request goes through Serve."""
+        log.warning("replica %s: loopback call not taken: %r", target.replica, err)
+        self._addresses.pop(target.replica, None)
+        return _NotTaken()
 
     def forget(self, live: set[str]) -> None:
         """Drop the loopback addresses of replicas Serve no longer runs."""

@@ -38,6 +38,11 @@ from workers.protocol import (
 CALL_KEY = "call"  # workers.loopback.CALL
 
 
+class CallRefused(EngineError):
+    """The socket closed before any frame: a wrong token or replica id (the address now
+    belongs to another replica, or to an older deployment). Nothing was started."""
+
+
 class LoopbackCall:
     """One request on one replica (see the module docstring)."""
 
@@ -45,6 +50,7 @@ class LoopbackCall:
         self._replica, self._frames = replica, frames
         self._done = False
         self._busy = False
+        self._answered = False  # a frame came: the replica took the call
 
     @classmethod
     async def open(cls, replica: str, address: str, token: str,
@@ -54,7 +60,8 @@ class LoopbackCall:
         loop = asyncio.get_running_loop()
         transport, frames = await asyncio.wait_for(
             loop.create_connection(Frames, host, int(port)), CONNECT_TIMEOUT_S)
-        transport.write(f"{CALL_KEY} {token}\n".encode() + request_frame(work))
+        # the replica id too: a port a dead replica left may belong to another one now
+        transport.write(f"{CALL_KEY} {replica} {token}\n".encode() + request_frame(work))
         return cls(replica, frames)
 
     async def first(self) -> WorkerMessage | None:
@@ -88,11 +95,23 @@ class LoopbackCall:
     def _check_open(self) -> None:
         if self._frames.closed:
             self.cancel()
+            if not self._answered:
+                raise CallRefused(f"loopback call to {self._replica} refused")
             raise EngineError(f"loopback call to {self._replica} ended without a final "
                               "message")
 
     def _take(self) -> WorkerMessage | None:
-        """The next message: consecutive chunk frames merged; a ``FINAL`` ends the call."""
+        """The next message: consecutive chunk frames merged; a ``FINAL`` ends the call.
+        A frame that does not parse ends the call too, as the replica's failure."""
+        try:
+            return self._parse()
+        except EngineError:
+            raise
+        except Exception as e:  # struct, UTF-8, JSON or field errors
+            self.cancel()
+            raise EngineError(f"loopback call to {self._replica}: bad frame: {e!r}") from None
+
+    def _parse(self) -> WorkerMessage | None:
         buf, off, texts, ids = self._frames.buf, 0, [], []
         view = memoryview(buf)
         out: WorkerMessage | None = None
@@ -101,9 +120,14 @@ class LoopbackCall:
                 kind, length = FRAME_HEADER.unpack_from(buf, off)
                 end = off + FRAME_HEADER.size + length
                 if kind not in KINDS:
+                    self.cancel()
                     raise EngineError(f"loopback call to {self._replica}: bad frame {kind}")
-                if len(buf) < end or (kind != CHUNK and texts):
-                    break  # incomplete, or a message after the chunks: next call
+                self._answered = True
+                if len(buf) < end:
+                    self._frames.resume()  # a frame larger than the buffer's bound: read on
+                    break
+                if kind != CHUNK and texts:
+                    break  # a message after the chunks: the next call returns it
                 with view[off + FRAME_HEADER.size:end] as payload:  # released: buf resizes
                     off = end
                     if kind != CHUNK:

@@ -76,6 +76,13 @@ class Frames(asyncio.Protocol):
             self._paused = False
             self.transport.resume_reading()
 
+    def resume(self) -> None:
+        """Read on although the buffer is past its bound: the frame at its head is not
+        whole yet (a large one), and nothing else can be taken before it."""
+        if self._paused and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
+
     async def wait(self) -> None:
         self._waiter = asyncio.get_running_loop().create_future()
         try:

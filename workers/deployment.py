@@ -72,8 +72,8 @@ class LoopbackCalls:
     """This replica's loopback calls (``workers.loopback_call.CallTarget``): they and
     Serve's calls share ``max_ongoing_requests``; none is taken once it is stopping."""
 
-    def __init__(self, worker: ModelWorker, limit: int) -> None:
-        self._worker, self._limit = worker, limit
+    def __init__(self, worker: ModelWorker, replica: str, limit: int) -> None:
+        self._worker, self.replica, self._limit = worker, replica, limit
         self.open = 0
         self.total = 0
         self.stopping = False
@@ -128,7 +128,7 @@ class ModelWorker:
         self._kv_events = self._vllm_events(idx.block_size)
         self._loopback: LoopbackServer | None = None
         self._serve_calls = 0  # generate() calls running (Serve's handle)
-        self._calls = LoopbackCalls(self, self._cfg.max_ongoing_requests)
+        self._calls = LoopbackCalls(self, self._replica, self._cfg.max_ongoing_requests)
         if stream_token is not None:  # router.stream_transport: loopback
             self._loopback = LoopbackServer(stream_token, calls=self._calls)
             await self._loopback.start()

@@ -23,7 +23,7 @@ dies ends both the socket and the Serve stream with an error. A slot nobody clai
 
 The frames are ``workers.protocol``'s (``chunk_frame``, ``END_FRAME``).
 
-The same socket takes loopback calls (``call <token>\n``, ``workers.loopback_call``): a
+The same socket takes loopback calls (``call <replica> <token>\n``, ``workers.loopback_call``): a
 router that learned this address from a ``Handoff`` starts later requests here, skipping
 the Serve handle, and gets every message on that connection.
 """
@@ -71,8 +71,10 @@ class LoopbackServer:
             for slot in self._slots.values():
                 slot.cancel()
             self._slots.clear()
-            for task in list(self._running):
+            running = list(self._running)
+            for task in running:
                 task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)  # engine aborts done
             await self._server.wait_closed()
             self._server = None
 
@@ -99,13 +101,19 @@ class LoopbackServer:
             slot.cancel()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """``<key> <token>`` claims a slot; ``call <token>`` starts a loopback call."""
+        """``<key> <token>`` claims a slot; ``call <replica> <token>`` starts a loopback
+        call on this replica (another replica id: its port was reused, refused)."""
         try:
             line = await asyncio.wait_for(reader.readline(), _HANDSHAKE_TIMEOUT_S)
             key, _, token = line.strip().partition(b" ")
+            replica = b""
+            if key == CALL:
+                replica, _, token = token.partition(b" ")
             if not hmac.compare_digest(token, self._token):
                 raise PermissionError("bad loopback handshake")
             calls = self._calls if key == CALL else None
+            if calls is not None and replica.decode("ascii", "replace") != calls.replica:
+                raise PermissionError(f"loopback call for replica {replica!r}")
             slot = None if calls else self._slots.get(key.decode("ascii", "replace"))
             if calls is None and (slot is None or slot.done()):
                 raise PermissionError("bad loopback handshake")

@@ -42,7 +42,9 @@ READ_TIMEOUT_S = 5.0  # the request frame follows the handshake line at once
 
 
 class CallTarget(Protocol):
-    """The replica, as a loopback call needs it (``workers.deployment.ModelWorker``)."""
+    """The replica, as a loopback call needs it (``workers.deployment.LoopbackCalls``)."""
+
+    replica: str  # its Serve replica id: a call names the replica it is for
 
     def admit(self) -> bool:
         """Take a slot for one call (False: full or stopping)."""

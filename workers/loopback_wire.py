@@ -14,6 +14,7 @@ frame is ``ValueError``, never a crash or a pickle.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from array import array
 from typing import Any
@@ -72,6 +73,14 @@ def _typed(value: Any, kinds: tuple[type, ...], name: str) -> Any:
     return value
 
 
+def _number(value: Any, name: str, low: float = 0.0) -> float:
+    """A finite number at least ``low`` (JSON lets NaN and Infinity through)."""
+    out = float(_typed(value, (int, float), name))
+    if not math.isfinite(out) or out < low:
+        raise ValueError(f"loopback request: bad {name}")
+    return out
+
+
 def parse_request(payload: bytes) -> WorkRequest:
     """The ``REQUEST`` frame's payload; ``ValueError`` if it is not one."""
     n = int.from_bytes(payload[:4], "little")
@@ -92,14 +101,13 @@ def parse_request(payload: bytes) -> WorkRequest:
     return WorkRequest(
         request_id=_typed(head.get("request_id"), (str,), "request_id"),
         token_ids=_from_ids(memoryview(payload)[4 + n:]),
-        sampling=SamplingParams(_typed(mt, (int,), "max_tokens"),
-                                float(_typed(temp, (int, float), "temperature")),
-                                float(_typed(top_p, (int, float), "top_p")), stop,
+        sampling=SamplingParams(int(_number(_typed(mt, (int,), "max_tokens"), "max_tokens", 1)),
+                                _number(temp, "temperature"), _number(top_p, "top_p"), stop,
                                 _typed(seed, (int, type(None)), "seed"),
                                 _typed(ignore_eos, (bool,), "ignore_eos")),
         trace=trace,
         cache_salt=_typed(head.get("cache_salt"), (str, type(None)), "cache_salt"),
-        lease_s=float(_typed(head.get("lease_s"), (int, float), "lease_s")),
+        lease_s=_number(head.get("lease_s"), "lease_s"),
         background=_typed(head.get("background"), (bool,), "background"),
     )
 

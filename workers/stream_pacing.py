@@ -15,7 +15,6 @@ Never held: the first chunk (time to first token), and the end (a ``Finished`` o
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TypeVar
 
@@ -37,12 +36,14 @@ async def paced(items: AsyncIterator[T], interval_s: float) -> AsyncGenerator[T,
     loop = asyncio.get_running_loop()
     held: TokenChunk | None = None
     sent_at = -interval_s
+    # the engine's next item, awaited in a task only while tokens are held (a wait that
+    # may time out must not cancel the engine's stream)
     pending: asyncio.Future[T] | None = None
     try:
         while True:
-            if pending is None:
-                pending = asyncio.ensure_future(anext(items))  # type: ignore[arg-type]
-            if held is not None:  # wait for more only until the interval is over
+            if held is not None:
+                if pending is None:
+                    pending = asyncio.ensure_future(anext(items))  # type: ignore[arg-type]
                 await asyncio.wait({pending}, timeout=max(0.0, sent_at + interval_s
                                                           - loop.time()))
                 if not pending.done():
@@ -50,12 +51,13 @@ async def paced(items: AsyncIterator[T], interval_s: float) -> AsyncGenerator[T,
                     held, sent_at = None, loop.time()
                     continue
             try:
-                item = await pending
+                if pending is not None:
+                    item = await pending
+                    pending = None
+                else:
+                    item = await anext(items)  # type: ignore[call-overload]
             except StopAsyncIteration:
                 break
-            finally:
-                if pending.done():
-                    pending = None
             if not isinstance(item, TokenChunk):
                 if held is not None:
                     yield held  # type: ignore[misc]
@@ -70,10 +72,12 @@ async def paced(items: AsyncIterator[T], interval_s: float) -> AsyncGenerator[T,
         if held is not None:
             yield held  # type: ignore[misc]
     finally:
-        if pending is not None and not pending.done():
-            pending.cancel()  # ends the engine's stream where it waits
-            with contextlib.suppress(BaseException):
-                await pending
+        if pending is not None:
+            if not pending.done():
+                pending.cancel()  # ends the engine's stream where it waits
+                await asyncio.wait({pending})
+            if not pending.cancelled():
+                pending.exception()  # retrieved: an error here is the stream's end anyway
         await _close(items)
 
 

@@ -122,3 +122,12 @@ async def test_forget_drops_the_addresses_of_replicas_serve_dropped() -> None:
         assert set(d._addresses) == {"r1"}
         d.forget(set())
         assert d._addresses == {}
+
+
+async def test_a_refused_call_is_served_through_serve_and_its_address_forgotten() -> None:
+    replica = Replica(["a"], replica="r9")  # the address now belongs to another replica
+    async with learned(replica) as (d, loads, handle):
+        started = await dispatch(d, "r1")
+        assert len(handle.calls) == 2 and replica.seen == []
+        assert not isinstance(started.stream, LoopbackCall)  # type: ignore[attr-defined]
+        assert d._addresses == {} and loads.get("m", "r1").ongoing == 1

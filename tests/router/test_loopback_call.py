@@ -10,9 +10,12 @@ from collections.abc import AsyncGenerator, AsyncIterator
 
 import pytest
 
-from router.loopback_call import LoopbackCall
+from cache_service.events import BlockStored, CacheEvent
+from router.loopback_call import CallRefused, LoopbackCall
 from workers.loopback import LoopbackServer
+from workers.loopback_wire import FINAL, frame
 from workers.protocol import (
+    FRAME_HEADER,
     Chunk,
     EngineError,
     Final,
@@ -21,6 +24,7 @@ from workers.protocol import (
     Usage,
     WorkerMessage,
     WorkRequest,
+    chunk_frame,
 )
 
 TOKEN = "secret-token"
@@ -32,9 +36,11 @@ class Replica:
 
     def __init__(self, chunks: list[str], slots: int = 1, gap_s: float = 0.0,
                  fail_after: int | None = None, reject: bool = False,
-                 prefill_s: float = 0.0) -> None:
+                 prefill_s: float = 0.0, replica: str = "r1",
+                 events: tuple[CacheEvent, ...] = ()) -> None:
         self.chunks, self.slots, self.gap_s, self.prefill_s = chunks, slots, gap_s, prefill_s
-        self.fail_after, self.reject = fail_after, reject
+        self.fail_after, self.reject, self.replica, self.events = (fail_after, reject,
+                                                                   replica, events)
         self.open = 0
         self.seen: list[WorkRequest] = []
         self.closed: list[str] = []  # how each run ended: "done" or "cancelled"
@@ -63,7 +69,7 @@ class Replica:
                     raise EngineError("engine died")
                 yield Chunk("r1", text, (i,))
                 await asyncio.sleep(self.gap_s)
-            yield Final("r1", Usage(3, len(self.chunks), 2), "stop")
+            yield Final("r1", Usage(3, len(self.chunks), 2), "stop", events=self.events)
             self.closed.append("done")
         except (GeneratorExit, asyncio.CancelledError):  # aclose, or the pump's cancel
             self.closed.append("cancelled")
@@ -152,14 +158,60 @@ async def test_a_rejection_and_an_engine_error() -> None:
         await server.stop()
 
 
-async def test_a_wrong_token_gets_no_answer() -> None:
-    replica = Replica(["a"])
+async def test_a_wrong_token_or_replica_is_refused_and_runs_nothing() -> None:
+    replica = Replica(["a"], replica="r2")  # the port now belongs to another replica
     server = await serving(replica)
     try:
-        c = await call(server, token="wrong")
-        with pytest.raises(EngineError):
-            await asyncio.wait_for(c.first(), 5)
+        for token in ("wrong", TOKEN):
+            c = await call(server, token=token)
+            with pytest.raises(CallRefused):
+                await asyncio.wait_for(c.first(), 5)
         assert replica.seen == []
+    finally:
+        await server.stop()
+
+
+async def raw_replica(frames: bytes) -> tuple[asyncio.Server, str]:
+    """A socket that answers any call with ``frames`` and keeps the connection open."""
+    closed = asyncio.Event()
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(frames)
+        await reader.read()  # until the router closes
+        closed.set()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    server.closed_by_router = closed  # type: ignore[attr-defined]
+    return server, f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+
+@pytest.mark.parametrize("frames", [
+    FRAME_HEADER.pack(99, 0),  # an unknown kind
+    frame(FINAL, b"{not json"),
+    chunk_frame("a", (1,))[:-1] + b"\xff",  # text that is not UTF-8
+])
+async def test_a_bad_frame_is_the_replicas_failure_and_ends_the_call(frames: bytes) -> None:
+    server, address = await raw_replica(chunk_frame("ok", (0,)) + frames)
+    try:
+        c = await LoopbackCall.open("r1", address, TOKEN, WORK)
+        with pytest.raises(EngineError) as err:
+            async for _ in c:
+                pass
+        assert not isinstance(err.value, CallRefused)
+        await asyncio.wait_for(server.closed_by_router.wait(), 5)  # type: ignore[attr-defined]
+    finally:
+        server.close()
+
+
+async def test_a_final_larger_than_the_read_buffer_arrives() -> None:
+    """The reader pauses past 1 MiB; a frame larger than that must still complete."""
+    events = (BlockStored("m", "r1", tuple(range(10**12, 10**12 + 200_000))),)  # ~2.8 MB
+    server = await serving(Replica(["a"], events=events))
+    try:
+        c = await call(server)
+        assert isinstance(await c.first(), Chunk)
+        final = await asyncio.wait_for(anext(c), 10)
+        assert isinstance(final, Final) and final.events == events
     finally:
         await server.stop()
 

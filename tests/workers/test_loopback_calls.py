@@ -14,7 +14,7 @@ from workers.deployment import LoopbackCalls
 
 def calls(limit: int, serve_calls: int = 0) -> tuple[LoopbackCalls, Any]:
     worker = SimpleNamespace(_serve_calls=serve_calls)
-    return LoopbackCalls(worker, limit), worker  # type: ignore[arg-type]
+    return LoopbackCalls(worker, "r1", limit), worker  # type: ignore[arg-type]
 
 
 def test_serve_calls_and_loopback_calls_share_the_bound() -> None:

@@ -71,6 +71,10 @@ def _head(**over: object) -> bytes:
     _head(lease_s="1"),
     _head(background="no"),
     len(b"{").to_bytes(4, "little") + b"{",  # not JSON
+    _head(sampling=[0, 0.0, 1.0, [], None, False]),  # no token to generate
+    _head(sampling=[8, float("nan"), 1.0, [], None, False]),
+    _head(sampling=[8, 0.0, float("inf"), [], None, False]),
+    _head(lease_s=-1.0),
 ])
 def test_a_malformed_request_is_a_value_error(raw: bytes) -> None:
     with pytest.raises(ValueError):
