@@ -3,9 +3,8 @@ replica's loopback socket instead of the Serve handle (``router.start_transport:
 loopback``), answered on the same connection (frames in ``workers.loopback_wire``).
 
 Why: starting a request through Serve's handle (its request router, a gRPC call, the
-request pickled, a Serve stream for the first and last message) was about a third of
-the router replica's CPU per agent turn once the chunks went over loopback
-(docs/benchmarks.md, issue 16).
+request pickled, a Serve stream for the first and last message) cost the router replica
+~8 ms of Python per agent turn, ~2 ms with calls (docs/benchmarks.md, issue 16).
 
 What Serve did for such a request is done here instead:
 - the bound: a call is refused with ``BUSY`` when the replica already runs
