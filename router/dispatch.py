@@ -170,8 +170,7 @@ class Dispatcher:
         before its first message (retry); ``_NotTaken`` if it did not take it."""
         assert self.loopback is not None
         try:
-            call = await LoopbackCall.open(target.replica, address, self.loopback.token,
-                                           dataclasses.replace(work, loopback_node=None))
+            call = await LoopbackCall.open(target.replica, address, self.loopback.token, work)
         except (OSError, ValueError, TimeoutError) as e:
             raise self._not_taken(target, e) from None
         except BaseException:  # the client left while connecting

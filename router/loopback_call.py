@@ -13,11 +13,10 @@ stopping, and the request goes through Serve instead.
 
 from __future__ import annotations
 
-import asyncio
-
-from router.loopback_stream import CONNECT_TIMEOUT_S, Frames
+from router.loopback_stream import Frames, connect
 from workers.loopback_wire import (
     BUSY,
+    CALL_KEY,
     ERROR,
     FINAL,
     KINDS,
@@ -34,8 +33,6 @@ from workers.protocol import (
     WorkRequest,
     parse_chunk,
 )
-
-CALL_KEY = "call"  # workers.loopback.CALL
 
 
 class CallRefused(EngineError):
@@ -56,12 +53,9 @@ class LoopbackCall:
     async def open(cls, replica: str, address: str, token: str,
                    work: WorkRequest) -> LoopbackCall:
         """Connect and send the request (``OSError``/``TimeoutError``: unreachable)."""
-        host, _, port = address.rpartition(":")
-        loop = asyncio.get_running_loop()
-        transport, frames = await asyncio.wait_for(
-            loop.create_connection(Frames, host, int(port)), CONNECT_TIMEOUT_S)
+        frames = await connect(address)
         # the replica id too: a port a dead replica left may belong to another one now
-        transport.write(f"{CALL_KEY} {replica} {token}\n".encode() + request_frame(work))
+        frames.write(f"{CALL_KEY} {replica} {token}\n".encode() + request_frame(work))
         return cls(replica, frames)
 
     async def first(self) -> WorkerMessage | None:

@@ -72,9 +72,12 @@ class Frames(asyncio.Protocol):
 
     def consumed(self, n: int) -> None:
         del self.buf[:n]
-        if self._paused and len(self.buf) <= BUFFER_LIMIT // 2 and self.transport is not None:
-            self._paused = False
-            self.transport.resume_reading()
+        if len(self.buf) <= BUFFER_LIMIT // 2:
+            self.resume()
+
+    def write(self, data: bytes) -> None:
+        assert self.transport is not None  # connected: create_connection made it
+        self.transport.write(data)
 
     def resume(self) -> None:
         """Read on although the buffer is past its bound: the frame at its head is not
@@ -95,6 +98,15 @@ class Frames(asyncio.Protocol):
             self._waiter.set_result(None)
 
 
+async def connect(address: str) -> Frames:
+    """A connection to a replica's loopback socket (``OSError``, ``ValueError`` or
+    ``TimeoutError`` if it cannot be reached)."""
+    host, _, port = address.rpartition(":")
+    _, frames = await asyncio.wait_for(asyncio.get_running_loop().create_connection(
+        Frames, host, int(port)), CONNECT_TIMEOUT_S)
+    return frames
+
+
 class LoopbackStream:
     """The rest of a handed-off stream (see the module docstring)."""
 
@@ -111,11 +123,8 @@ class LoopbackStream:
     async def open(cls, handoff: Handoff, serve_stream: Any, token: str) -> LoopbackStream:
         """Connect to the replica and claim the handed-off stream (``OSError`` or
         ``TimeoutError`` if it cannot be reached)."""
-        host, _, port = handoff.address.rpartition(":")
-        loop = asyncio.get_running_loop()
-        transport, frames = await asyncio.wait_for(
-            loop.create_connection(Frames, host, int(port)), CONNECT_TIMEOUT_S)
-        transport.write(f"{handoff.key} {token}\n".encode())
+        frames = await connect(handoff.address)
+        frames.write(f"{handoff.key} {token}\n".encode())
         return cls(handoff, serve_stream, frames)
 
     def __aiter__(self) -> LoopbackStream:

@@ -37,12 +37,13 @@ import secrets
 from collections.abc import AsyncIterator
 
 from workers.loopback_call import CallTarget, serve_call
+from workers.loopback_wire import CALL_KEY
 from workers.protocol import END_FRAME, EngineError, TokenChunk, chunk_frame
 
 log = logging.getLogger(__name__)
 
 CLAIM_TIMEOUT_S = 10.0
-CALL = b"call"  # the handshake's key for a loopback call (slot keys are hex)
+CALL = CALL_KEY.encode()
 _HANDSHAKE_TIMEOUT_S = 5.0
 _HANDSHAKE_LIMIT = 512
 

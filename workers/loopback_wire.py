@@ -30,6 +30,7 @@ from workers.protocol import (
     WorkRequest,
 )
 
+CALL_KEY = "call"  # the handshake's first word for a call (a stream's slot keys are hex)
 FINAL, REJECTED, ERROR, BUSY, REQUEST = 3, 4, 5, 6, 7
 KINDS = frozenset({CHUNK, FINAL, REJECTED, ERROR, BUSY})  # worker → router
 BUSY_FRAME = FRAME_HEADER.pack(BUSY, 0)

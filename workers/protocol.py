@@ -50,6 +50,10 @@ class TokenChunk:
     text: str
     token_ids: tuple[int, ...]
 
+    def then(self, other: TokenChunk) -> TokenChunk:
+        """This chunk and ``other`` as one (released together)."""
+        return TokenChunk(self.text + other.text, self.token_ids + other.token_ids)
+
 
 @dataclass(frozen=True, slots=True)
 class Usage:
@@ -301,7 +305,7 @@ def take_ready(first: object, queue: asyncio.Queue) -> list:  # type: ignore[typ
     while not queue.empty():
         item, last = queue.get_nowait(), items[-1]
         if isinstance(item, TokenChunk) and isinstance(last, TokenChunk):
-            items[-1] = TokenChunk(last.text + item.text, last.token_ids + item.token_ids)
+            items[-1] = last.then(item)
         else:
             items.append(item)
     return items

@@ -15,7 +15,7 @@ Never held: the first chunk (time to first token), and the end (a ``Finished`` o
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import TypeVar
 
 from workers.protocol import TokenChunk
@@ -23,16 +23,15 @@ from workers.protocol import TokenChunk
 T = TypeVar("T")
 
 
-async def paced(items: AsyncIterator[T], interval_s: float) -> AsyncGenerator[T, None]:
+def paced(items: AsyncGenerator[T, None], interval_s: float) -> AsyncGenerator[T, None]:
     """``items`` with consecutive ``TokenChunk``s merged so that chunks leave at least
-    ``interval_s`` apart (0: unchanged). Closing this closes ``items``."""
-    if interval_s <= 0:
-        try:
-            async for item in items:
-                yield item
-        finally:
-            await _close(items)
-        return
+    ``interval_s`` apart; ``items`` itself when 0 (no layer per token). Closing the paced
+    stream closes ``items``."""
+    return _paced(items, interval_s) if interval_s > 0 else items
+
+
+async def _paced(items: AsyncGenerator[T, None], interval_s: float
+                 ) -> AsyncGenerator[T, None]:
     loop = asyncio.get_running_loop()
     held: TokenChunk | None = None
     sent_at = -interval_s
@@ -43,7 +42,7 @@ async def paced(items: AsyncIterator[T], interval_s: float) -> AsyncGenerator[T,
         while True:
             if held is not None:
                 if pending is None:
-                    pending = asyncio.ensure_future(anext(items))  # type: ignore[arg-type]
+                    pending = asyncio.ensure_future(anext(items))
                 await asyncio.wait({pending}, timeout=max(0.0, sent_at + interval_s
                                                           - loop.time()))
                 if not pending.done():
@@ -55,7 +54,7 @@ async def paced(items: AsyncIterator[T], interval_s: float) -> AsyncGenerator[T,
                     item = await pending
                     pending = None
                 else:
-                    item = await anext(items)  # type: ignore[call-overload]
+                    item = await anext(items)
             except StopAsyncIteration:
                 break
             if not isinstance(item, TokenChunk):
@@ -67,8 +66,7 @@ async def paced(items: AsyncIterator[T], interval_s: float) -> AsyncGenerator[T,
                 yield item
                 sent_at = loop.time()
             else:
-                held = item if held is None else TokenChunk(
-                    held.text + item.text, held.token_ids + item.token_ids)
+                held = item if held is None else held.then(item)
         if held is not None:
             yield held  # type: ignore[misc]
     finally:
@@ -78,10 +76,4 @@ async def paced(items: AsyncIterator[T], interval_s: float) -> AsyncGenerator[T,
                 await asyncio.wait({pending})
             if not pending.cancelled():
                 pending.exception()  # retrieved: an error here is the stream's end anyway
-        await _close(items)
-
-
-async def _close(items: AsyncIterator[object]) -> None:
-    aclose = getattr(items, "aclose", None)
-    if aclose is not None:
-        await aclose()
+        await items.aclose()
