@@ -76,7 +76,13 @@ class Frames(asyncio.Protocol):
             self.resume()
 
     def write(self, data: bytes) -> None:
+        """Send ``data``; on a connection the peer already reset, nothing: the reader
+        then sees ``closed``. (uvloop raises on a write to a closed handle, and the
+        replica may die between the connect and the first write.)"""
         assert self.transport is not None  # connected: create_connection made it
+        if self.closed or self.transport.is_closing():
+            self.closed = True
+            return
         self.transport.write(data)
 
     def resume(self) -> None:

@@ -6,12 +6,16 @@ tests/router/test_e2e_loopback.py (and every e2e test, on the default transports
 from __future__ import annotations
 
 import asyncio
+import socket
+import struct
 from collections.abc import AsyncGenerator, AsyncIterator
 
 import pytest
+import uvloop
 
 from cache_service.events import BlockStored, CacheEvent
 from router.loopback_call import CallRefused, LoopbackCall
+from router.loopback_stream import Frames, connect
 from workers.loopback import LoopbackServer
 from workers.loopback_wire import FINAL, frame
 from workers.protocol import (
@@ -255,3 +259,38 @@ async def test_a_replica_that_stops_mid_call_raises() -> None:
     with pytest.raises(EngineError, match="without a final"):
         async for _ in c:
             pass
+
+
+def test_a_replica_that_resets_before_the_request_is_written_refuses_the_call(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The replica dies between the router's connect and its first write (CI saw it in
+    the chaos test): under uvloop, Serve's loop, a write to the reset handle raised
+    RuntimeError, a 500. Now the call is refused, and the dispatcher sends the request
+    through Serve."""
+
+    async def reset(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()  # an RST, as from a killed process
+
+    async def connect_then_reset(address: str) -> Frames:
+        frames = await connect(address)
+        for _ in range(200):  # the reset is processed before open() writes
+            if frames.closed:
+                break
+            await asyncio.sleep(0.01)
+        assert frames.closed
+        return frames
+
+    async def scenario() -> None:
+        server = await asyncio.start_server(reset, "127.0.0.1", 0)
+        try:
+            address = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+            c = await LoopbackCall.open("r1", address, TOKEN, WORK)
+            with pytest.raises(CallRefused):
+                await asyncio.wait_for(c.first(), 5)
+        finally:
+            server.close()
+
+    monkeypatch.setattr("router.loopback_call.connect", connect_then_reset)
+    uvloop.run(scenario())
