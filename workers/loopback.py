@@ -37,7 +37,7 @@ import secrets
 from collections.abc import AsyncIterator
 
 from workers.loopback_call import CallTarget, serve_call
-from workers.loopback_wire import CALL_KEY
+from workers.loopback_wire import CALL_KEY, send
 from workers.protocol import END_FRAME, EngineError, TokenChunk, chunk_frame
 
 log = logging.getLogger(__name__)
@@ -145,11 +145,9 @@ class LoopbackServer:
         try:
             async for item in items:
                 if not isinstance(item, TokenChunk):
-                    writer.write(END_FRAME)
-                    await writer.drain()
+                    await send(writer, END_FRAME)
                     return item
-                writer.write(chunk_frame(item.text, item.token_ids))
-                await writer.drain()  # the router went away: ConnectionResetError
+                await send(writer, chunk_frame(item.text, item.token_ids))
             return None
         finally:
             writer.close()

@@ -32,6 +32,7 @@ from workers.loopback_wire import (
     final_frame,
     parse_request,
     rejected_frame,
+    send,
 )
 from workers.protocol import FRAME_HEADER, Chunk, Final, WorkerMessage, WorkRequest, chunk_frame
 
@@ -95,19 +96,17 @@ async def _pump(writer: asyncio.StreamWriter, messages: AsyncIterator[WorkerMess
     try:
         async for msg in messages:
             if isinstance(msg, Chunk):
-                writer.write(chunk_frame(msg.text, msg.token_ids))
+                await send(writer, chunk_frame(msg.text, msg.token_ids))
             elif isinstance(msg, Final):
-                writer.write(final_frame(msg))
+                await send(writer, final_frame(msg))
             else:
-                writer.write(rejected_frame(msg))
-            await writer.drain()
+                await send(writer, rejected_frame(msg))
     except (ConnectionError, asyncio.CancelledError):
         raise
     except Exception as e:  # the engine failed the request
         log.warning("loopback call failed: %r", e)
-        writer.write(error_frame(repr(e)))
         with contextlib.suppress(ConnectionError):
-            await writer.drain()
+            await send(writer, error_frame(repr(e)))
     finally:
         with contextlib.suppress(Exception):
             await messages.aclose()  # type: ignore[attr-defined]

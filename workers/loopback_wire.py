@@ -13,6 +13,7 @@ frame is ``ValueError``, never a crash or a pickle.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import sys
@@ -36,6 +37,15 @@ KINDS = frozenset({CHUNK, FINAL, REJECTED, ERROR, BUSY})  # worker → router
 BUSY_FRAME = FRAME_HEADER.pack(BUSY, 0)
 MAX_REQUEST_BYTES = 64 << 20  # 16M token ids: far above any context window
 _EVENTS = {"stored": BlockStored, "removed": BlockRemoved}
+
+
+async def send(writer: asyncio.StreamWriter, data: bytes) -> None:
+    """Write ``data`` and wait for the socket. A connection the router closed is
+    ``ConnectionResetError``: uvloop raises ``RuntimeError`` on a closed handle."""
+    if writer.is_closing():
+        raise ConnectionResetError("the router closed the loopback connection")
+    writer.write(data)
+    await writer.drain()
 
 
 def _ids(values: Any) -> bytes:

@@ -3,9 +3,13 @@ a malformed request is a ``ValueError`` (never a crash, never a wrong request)."
 
 from __future__ import annotations
 
+import asyncio
 import json
+import socket
+import struct
 
 import pytest
+import uvloop
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -20,6 +24,7 @@ from workers.loopback_wire import (
     parse_request,
     rejected_frame,
     request_frame,
+    send,
 )
 from workers.protocol import FRAME_HEADER, Final, Rejected, SamplingParams, Usage, WorkRequest
 
@@ -96,3 +101,33 @@ def test_a_final_round_trips(p: int, c: int, cached: int, host: int, reason: str
 def test_a_rejection_round_trips(message: str, status: int) -> None:
     msg = Rejected("r1", message, status)
     assert parse_rejected(payload(rejected_frame(msg), REJECTED)) == msg
+
+
+def test_send_to_a_router_that_left_is_a_connection_reset() -> None:
+    """Under uvloop (Serve's loop) a write to a closed handle raised ``RuntimeError``,
+    which the call's pump took for an engine failure; ``send`` makes it a reset."""
+
+    async def scenario() -> None:
+        accepted: asyncio.Queue[asyncio.StreamWriter] = asyncio.Queue()
+        server = await asyncio.start_server(lambda _, w: accepted.put_nowait(w),
+                                            "127.0.0.1", 0)
+        try:
+            _, router = await asyncio.open_connection(*server.sockets[0].getsockname()[:2])
+            writer = await accepted.get()
+            await send(writer, b"frame")  # the router is there
+            sock = router.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            router.transport.abort()  # the router died: a reset
+            for _ in range(200):
+                if writer.is_closing():
+                    break
+                await asyncio.sleep(0.01)
+            assert writer.is_closing()
+            with pytest.raises(RuntimeError):  # why send checks first
+                writer.write(b"frame")
+            with pytest.raises(ConnectionResetError):
+                await send(writer, b"frame")
+        finally:
+            server.close()
+
+    uvloop.run(scenario())
