@@ -65,7 +65,8 @@ async def serve_call(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
         writer.close()
         return
     if not target.admit():
-        writer.write(BUSY_FRAME)
+        if not writer.is_closing():  # the router may have left (uvloop raises then)
+            writer.write(BUSY_FRAME)
         writer.close()
         return
     try:
