@@ -3,10 +3,12 @@
 Data layout (all plain dicts; no awaits inside methods, so every call is atomic on the loop):
 
 * ``_blocks``: ``OrderedDict[(model, hash)] -> {replica: expiry}`` in least-recently-written
-  order. Lookup walks a model's chain with one dict probe per block and stops at the first
-  block no candidate holds, so it costs O(matched blocks x replicas), never O(index).
-* ``_by_replica``: ``(model, replica) -> set(hash)`` reverse index for O(own entries) purges,
-  plus ``_rep_expiry``: the max expiry of the replica's entries (it "holds entries" until then).
+  order.
+* ``_by_replica``: ``(model, replica) -> {hash: expiry}``, the same entries by replica: for
+  O(own entries) purges, and for lookups, which find each replica's leading run of live
+  entries in C-level passes over its dict (one Python step per block and holder cost ~1 ms
+  for a 15k-token prompt, every request). O(matched blocks x replicas), never O(index).
+  ``_rep_expiry``: the max expiry of the replica's entries (it "holds entries" until then).
 * ``_tiers``: ``(model, hash, replica) -> tier bits`` only for entries not held on the device
   alone (``events.tier_bit``); absent means device, so a single-tier fleet pays nothing.
 * ``_heartbeats`` / ``_tombstones``: ``model -> {replica: time}`` for liveness (see ``index``).
@@ -20,9 +22,12 @@ include expired ones awaiting the lazy sweep).
 
 from __future__ import annotations
 
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import compress, count, islice, repeat
+from operator import not_
 
 import xxhash
 
@@ -38,6 +43,7 @@ RepKey = tuple[str, str]
 EntryKey = tuple[str, int, str]  # model, hash, replica
 _DEVICE = tier_bit("device")
 MAX_SESSIONS = 100_000  # sessions remembered per process (LRU beyond)
+_ABSENT = -math.inf  # the expiry of an entry a replica does not have
 
 
 class MemoryPrefixIndex:
@@ -51,7 +57,7 @@ class MemoryPrefixIndex:
         self.settings = settings
         self._clock = clock
         self._blocks: OrderedDict[BlockKey, dict[str, float]] = OrderedDict()
-        self._by_replica: dict[RepKey, set[int]] = {}
+        self._by_replica: dict[RepKey, dict[int, float]] = {}
         self._rep_expiry: dict[RepKey, float] = {}
         self._entries = 0
         self._tiers: dict[EntryKey, int] = {}
@@ -83,7 +89,7 @@ class MemoryPrefixIndex:
         rk = (key[0], replica)
         own = self._by_replica.get(rk)
         if own is not None:
-            own.discard(key[1])
+            own.pop(key[1], None)
             if not own:
                 del self._by_replica[rk]
                 self._rep_expiry.pop(rk, None)
@@ -107,28 +113,32 @@ class MemoryPrefixIndex:
             return  # late write for a removed replica must not resurrect it
         expiry = now + ttl
         rk = (model, replica)
-        own = self._by_replica.setdefault(rk, set())
-        blocks = self._blocks
+        own = self._by_replica.setdefault(rk, {})
+        blocks, to_end = self._blocks, self._blocks.move_to_end
+        # a device write into a single-tier index never adds tier entries: test it once
+        tiered = bit != _DEVICE or bool(self._tiers)
+        added = 0
         for h in hashes:
             key = (model, h)
             holders = blocks.get(key)
             if holders is None:
                 holders = blocks[key] = {}
             else:
-                blocks.move_to_end(key)
+                to_end(key)
             old = holders.get(replica)
             if old is None:
-                self._entries += 1
-                own.add(h)
-                holders[replica] = expiry
+                added += 1
+                own[h] = holders[replica] = expiry
             elif old < expiry:
-                holders[replica] = expiry
+                own[h] = holders[replica] = expiry
+            if not tiered:
+                continue
             if old is None or old <= now:  # new (or expired): only this tier holds it
-                if bit != _DEVICE or self._tiers:
-                    self._set_tiers((model, h, replica), bit)
-            elif bit != _DEVICE or self._tiers:
+                self._set_tiers((model, h, replica), bit)
+            else:
                 ek = (model, h, replica)
                 self._set_tiers(ek, self._tiers.get(ek, _DEVICE) | bit)
+        self._entries += added
         if not own:
             del self._by_replica[rk]
             return
@@ -180,6 +190,34 @@ class MemoryPrefixIndex:
         return {m: self._match(m, hashes, now) for m, hashes in hashes_by_model.items()}
 
     def _match(self, model: str, hashes: Sequence[int], now: float) -> dict[str, int]:
+        runs = self._runs(model, hashes, float(now))
+        return runs if runs is not None else self._walk(model, hashes, now)
+
+    def _runs(self, model: str, hashes: Sequence[int], now: float) -> dict[str, int] | None:
+        """Each live replica's leading run of live entries, in C-level passes over its own
+        entries. None when a run ends at an expired entry: ``_walk`` then answers, and
+        deletes the expired entries it meets (as it always did)."""
+        result: dict[str, int] = {}
+        for (m, replica), own in self._by_replica.items():
+            if m != model:
+                continue
+            gone = map(now.__ge__, map(own.get, hashes, repeat(_ABSENT)))  # absent/expired
+            n = next(compress(count(), gone), len(hashes))
+            if n < len(hashes) and hashes[n] in own:
+                return None
+            if n == 0 or self._is_dead(model, replica, now):
+                continue
+            device = n
+            if self._tiers:  # the first block of the run held off the device only
+                bits = map(self._tiers.get, zip(repeat(model), islice(hashes, n),
+                                                repeat(replica)), repeat(_DEVICE))
+                device = next(compress(count(), map(not_, map(_DEVICE.__and__, bits))), n)
+            result[replica] = Match(n, n - device)
+        return result
+
+    def _walk(self, model: str, hashes: Sequence[int], now: float) -> dict[str, int]:
+        """Block by block while a live candidate holds the block; deletes the expired
+        entries it meets."""
         result: dict[str, int] = {}
         device_run: dict[str, int] = {}  # replicas whose match left the device: run length
         tiers = self._tiers
