@@ -49,7 +49,9 @@ async def send(writer: asyncio.StreamWriter, data: bytes) -> None:
 
 
 def _ids(values: Any) -> bytes:
-    out = array("I", values)
+    # array() converts an exact list in C, anything else (the router's TokenIds, a list
+    # subclass) item by item: 5.5 vs 1.7 ms with the copy for 155k ids
+    out = array("I", values if type(values) is list else list(values))
     if sys.byteorder != "little":
         out.byteswap()
     return out.tobytes()

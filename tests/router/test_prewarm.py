@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from deploy.router_config import PrewarmConfig
 from router.prewarm import HotPrefixes, Prewarmer, id_array
+from router.prompt_cache import TokenIds
 from router.views import ReplicaInfo
 from tests.stacks import redis_url
 from workers.protocol import WorkRequest
@@ -243,7 +244,8 @@ async def test_a_warm_up_runs_in_no_requests_context() -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(ids=st.lists(st.integers(0, 2**40), max_size=300), n=st.integers(0, 400))
+@given(ids=st.lists(st.integers(0, 2**32 - 1), max_size=300), n=st.integers(0, 400))
 def test_id_array_is_the_array_constructor(ids: list[int], n: int) -> None:
-    got = id_array(ids[:n])
-    assert got == array("l", ids[:n]) and got.typecode == "l"
+    for given_ids in (ids[:n], TokenIds(ids[:n])):
+        got = id_array(given_ids)
+        assert got == array("I", ids[:n]) and got.typecode == "I"
