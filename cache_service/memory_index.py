@@ -199,13 +199,13 @@ class MemoryPrefixIndex:
         deletes the expired entries it meets (as it always did)."""
         result: dict[str, int] = {}
         for (m, replica), own in self._by_replica.items():
-            if m != model:
-                continue
+            if m != model or self._is_dead(model, replica, now):
+                continue  # (dead first: the walk never reaches a dead one's expired entries)
             gone = map(now.__ge__, map(own.get, hashes, repeat(_ABSENT)))  # absent/expired
             n = next(compress(count(), gone), len(hashes))
             if n < len(hashes) and hashes[n] in own:
                 return None
-            if n == 0 or self._is_dead(model, replica, now):
+            if n == 0:
                 continue
             device = n
             if self._tiers:  # the first block of the run held off the device only

@@ -77,3 +77,21 @@ def test_the_runs_agree_with_the_walk(ops: list[Op], probe: int) -> None:
                     r: m.host for r, m in walk.items()}  # type: ignore[attr-defined]
 
     asyncio.run(scenario())
+
+
+def test_a_dead_replicas_expired_entries_leave_lookups_on_the_fast_path() -> None:
+    """The walk never reaches a dead replica's entries, so it would not delete its expired
+    ones: were they checked before its liveness, every lookup would walk until a purge."""
+
+    async def scenario() -> None:
+        clock = FakeClock()
+        index = MemoryPrefixIndex(IndexSettings(routed_ttl_s=4, stored_ttl_s=9,
+                                                liveness_ttl_s=3), clock=clock)
+        await index.record_routed("m", "a", HASHES[:4])
+        await index.heartbeat("m", "a")
+        await index.apply_events([BlockStored("m", "b", tuple(HASHES[:2]))])
+        clock.now += 5  # a: heartbeat and entries expired
+        assert index._runs("m", HASHES[:4], clock.now) == {"b": 2}
+        assert (await index.lookup({"m": HASHES[:4]}))["m"] == {"b": 2}
+
+    asyncio.run(scenario())
