@@ -47,7 +47,7 @@ from deploy.router_config import PrewarmConfig
 from router import metrics
 from router.request_router import RANK_KWARG
 from router.views import ReplicaInfo
-from workers.protocol import Final, SamplingParams, WorkRequest
+from workers.protocol import Final, SamplingParams, WorkRequest, token_array
 
 log = logging.getLogger(__name__)
 
@@ -66,13 +66,6 @@ class HotPrefix:
     hashes: tuple[int, ...]
     uses: int = 0
     holders: int = 0
-
-
-def id_array(ids: Sequence[int]) -> array:
-    """``ids`` as u32 (token ids are below 2**32, as on the loopback wire). The array
-    constructor converts an exact list in C; a list subclass item by item (4x slower):
-    this runs per request."""
-    return array("I", ids if type(ids) is list else list(ids))
 
 
 class HotPrefixes:
@@ -99,7 +92,7 @@ class HotPrefixes:
             entry = self._table.get(key)
             if entry is None:
                 entry = self._table[key] = HotPrefix(
-                    model, tenant, id_array(token_ids[:d * self.block_size]),
+                    model, tenant, token_array(token_ids[:d * self.block_size]),
                     tuple(hashes[:d]))
                 while len(self._table) > self.size:
                     self._table.popitem(last=False)

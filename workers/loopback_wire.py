@@ -29,6 +29,7 @@ from workers.protocol import (
     SamplingParams,
     Usage,
     WorkRequest,
+    token_array,
 )
 
 CALL_KEY = "call"  # the handshake's first word for a call (a stream's slot keys are hex)
@@ -49,9 +50,7 @@ async def send(writer: asyncio.StreamWriter, data: bytes) -> None:
 
 
 def _ids(values: Any) -> bytes:
-    # array() converts an exact list in C, anything else (the router's TokenIds, a list
-    # subclass) item by item: 5.5 vs 1.7 ms with the copy for 155k ids
-    out = array("I", values if type(values) is list else list(values))
+    out = token_array(values)
     if sys.byteorder != "little":
         out.byteswap()
     return out.tobytes()

@@ -19,7 +19,8 @@ from __future__ import annotations
 import asyncio
 import struct
 import time
-from collections.abc import AsyncIterator
+from array import array
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, fields
 from typing import ClassVar, Protocol, runtime_checkable
 
@@ -318,6 +319,13 @@ CHUNK, END = 1, 2
 FRAME_HEADER = struct.Struct("<BI")
 _COUNT = struct.Struct("<I")
 END_FRAME = FRAME_HEADER.pack(END, 0)
+
+
+def token_array(ids: Sequence[int]) -> array:
+    """Token ids as u32 (every id is below 2**32: the wire's width). ``array()`` converts an
+    exact list in C, anything else (the router's ``TokenIds``, a list subclass) item by
+    item: 5.5 vs 1.7 ms with the copy for 155k ids, on every request."""
+    return array("I", ids if type(ids) is list else list(ids))
 
 
 def chunk_frame(text: str, token_ids: tuple[int, ...]) -> bytes:

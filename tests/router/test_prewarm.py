@@ -6,18 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from array import array
 from collections.abc import Sequence
 from typing import Any
 
 import pytest
 import redis
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from deploy.router_config import PrewarmConfig
-from router.prewarm import HotPrefixes, Prewarmer, id_array
-from router.prompt_cache import TokenIds
+from router.prewarm import HotPrefixes, Prewarmer
 from router.views import ReplicaInfo
 from tests.stacks import redis_url
 from workers.protocol import WorkRequest
@@ -242,10 +238,3 @@ async def test_a_warm_up_runs_in_no_requests_context() -> None:
     await settle(p)
     assert seen == ["none"]
 
-
-@settings(max_examples=300, deadline=None)
-@given(ids=st.lists(st.integers(0, 2**32 - 1), max_size=300), n=st.integers(0, 400))
-def test_id_array_is_the_array_constructor(ids: list[int], n: int) -> None:
-    for given_ids in (ids[:n], TokenIds(ids[:n])):
-        got = id_array(given_ids)
-        assert got == array("I", ids[:n]) and got.typecode == "I"

@@ -7,10 +7,11 @@ import asyncio
 import json
 import socket
 import struct
+from array import array
 
 import pytest
 import uvloop
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cache_service.events import AllBlocksCleared, BlockRemoved, BlockStored
@@ -26,7 +27,15 @@ from workers.loopback_wire import (
     request_frame,
     send,
 )
-from workers.protocol import FRAME_HEADER, Final, Rejected, SamplingParams, Usage, WorkRequest
+from workers.protocol import (
+    FRAME_HEADER,
+    Final,
+    Rejected,
+    SamplingParams,
+    Usage,
+    WorkRequest,
+    token_array,
+)
 
 ids = st.lists(st.integers(0, 2**32 - 1), max_size=300)
 texts = st.text(max_size=40)
@@ -131,3 +140,15 @@ def test_send_to_a_router_that_left_is_a_connection_reset() -> None:
             server.close()
 
     uvloop.run(scenario())
+
+
+class _Ids(list[int]):
+    """A list subclass, as the router's ``TokenIds`` (which ``array()`` reads item by item)."""
+
+
+@settings(max_examples=300, deadline=None)
+@given(ids=st.lists(st.integers(0, 2**32 - 1), max_size=300), n=st.integers(0, 400))
+def test_token_array_is_the_array_constructor(ids: list[int], n: int) -> None:
+    for given_ids in (ids[:n], _Ids(ids[:n])):
+        got = token_array(given_ids)
+        assert got == array("I", ids[:n]) and got.typecode == "I"
