@@ -5,8 +5,11 @@ Why: past the first token, every chunk costs the worker a frame, the router a re
 SSE event and a write to the client, and on a VM each of those system calls and wake-ups
 is tens of microseconds: per-token overhead was over half the router's CPU per agent
 turn (docs/benchmarks.md, issue 16). vLLM, SGLang and TensorRT-LLM offer the same knob
-(``stream_interval``, in tokens); here it is in time, so a slow stream is never held:
-with 40 ms between tokens, a 20 ms interval changes nothing.
+(``stream_interval``, in tokens, default 1); here it is in time, so a slow stream is
+never held: with 40 ms between tokens, a 20 ms interval changes nothing. kvroute's
+default is 20 ms: 50 chunks a second is more than a reader or an agent's parser uses,
+and on a fast stream it halves the router tier's CPU per request (docs/benchmarks.md,
+"Stream pacing on by default").
 
 Never held: the first chunk (time to first token), and the end (a ``Finished`` or a
 ``Rejected`` flushes what is held and follows at once).
@@ -15,8 +18,9 @@ Never held: the first chunk (time to first token), and the end (a ``Finished`` o
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import AsyncGenerator
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 from workers.protocol import TokenChunk
 
@@ -30,50 +34,88 @@ def paced(items: AsyncGenerator[T, None], interval_s: float) -> AsyncGenerator[T
     return _paced(items, interval_s) if interval_s > 0 else items
 
 
+class _Pump(Generic[T]):
+    """Reads the engine's stream into ``got`` from a task of its own, so the reader can
+    sleep until a chunk is due without cancelling the engine's await. It wakes the reader
+    only for what cannot wait: an item other than a chunk, the end, or a chunk once due;
+    so a paced stream costs a task step per token and a wake-up per chunk."""
+
+    def __init__(self, items: AsyncGenerator[T, None]) -> None:
+        self.got: deque[T] = deque()
+        self.end: BaseException | None = None  # StopAsyncIteration, or the engine's error
+        self.due = 0.0  # the loop time from which a chunk may leave
+        self._loop = asyncio.get_running_loop()
+        self._waiter: asyncio.Future[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self.task = asyncio.ensure_future(self._run(items))
+
+    async def _run(self, items: AsyncGenerator[T, None]) -> None:
+        try:
+            async for item in items:
+                self.got.append(item)
+                if self._waiter is None:
+                    continue  # the reader is busy; it looks at ``got`` before it waits
+                if not isinstance(item, TokenChunk) or self._loop.time() >= self.due:
+                    self._wake()
+                elif self._timer is None:
+                    self._timer = self._loop.call_at(self.due, self._wake)
+        except Exception as e:  # the reader raises it, after the tokens before it
+            self.end = e
+        except BaseException as e:  # cancelled: by the reader's close, or with the loop
+            self.end = e
+            raise
+        else:
+            self.end = StopAsyncIteration()
+        finally:
+            self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def wait(self, holding: bool) -> None:
+        """Until something in ``got`` must be looked at: at once if it has anything or
+        the stream ended; else at ``due`` if ``holding`` (a chunk waits to leave)."""
+        if self.got or self.end is not None:
+            return
+        self._waiter = self._loop.create_future()
+        if holding:
+            self._timer = self._loop.call_at(self.due, self._wake)
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+
+
 async def _paced(items: AsyncGenerator[T, None], interval_s: float
                  ) -> AsyncGenerator[T, None]:
     loop = asyncio.get_running_loop()
+    pump = _Pump(items)
     held: TokenChunk | None = None
-    sent_at = -interval_s
-    # the engine's next item, awaited in a task only while tokens are held (a wait that
-    # may time out must not cancel the engine's stream)
-    pending: asyncio.Future[T] | None = None
     try:
         while True:
-            if held is not None:
-                if pending is None:
-                    pending = asyncio.ensure_future(anext(items))
-                await asyncio.wait({pending}, timeout=max(0.0, sent_at + interval_s
-                                                          - loop.time()))
-                if not pending.done():
-                    yield held  # type: ignore[misc]
-                    held, sent_at = None, loop.time()
+            await pump.wait(holding=held is not None)
+            while pump.got:
+                item = pump.got.popleft()
+                if isinstance(item, TokenChunk):
+                    held = item if held is None else held.then(item)
                     continue
-            try:
-                if pending is not None:
-                    item = await pending
-                    pending = None
-                else:
-                    item = await anext(items)
-            except StopAsyncIteration:
-                break
-            if not isinstance(item, TokenChunk):
-                if held is not None:
+                if held is not None:  # the end and errors are never held
                     yield held  # type: ignore[misc]
                     held = None
                 yield item
-            elif held is None and loop.time() - sent_at >= interval_s:
-                yield item
-                sent_at = loop.time()
-            else:
-                held = item if held is None else held.then(item)
-        if held is not None:
-            yield held  # type: ignore[misc]
+            if held is not None and (loop.time() >= pump.due or pump.end is not None):
+                yield held  # type: ignore[misc]
+                held, pump.due = None, loop.time() + interval_s
+            if pump.end is not None and not pump.got and held is None:
+                if isinstance(pump.end, StopAsyncIteration):
+                    return
+                raise pump.end
     finally:
-        if pending is not None:
-            if not pending.done():
-                pending.cancel()  # ends the engine's stream where it waits
-                await asyncio.wait({pending})
-            if not pending.cancelled():
-                pending.exception()  # retrieved: an error here is the stream's end anyway
+        if not pump.task.done():
+            pump.task.cancel()  # ends the engine's stream where it waits
+            await asyncio.wait({pump.task})
         await items.aclose()

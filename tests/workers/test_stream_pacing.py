@@ -96,3 +96,23 @@ async def test_cancelling_the_reader_closes_the_engines() -> None:
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     assert log == ["closed"]
+
+
+async def test_an_engine_error_comes_after_the_tokens_before_it() -> None:
+    async def failing() -> AsyncGenerator[object, None]:
+        for i in range(6):
+            await asyncio.sleep(0.001)
+            yield TokenChunk(f"t{i} ", (i,))
+        raise RuntimeError("engine died")
+
+    got: list[object] = []
+    try:
+        async for item in paced(failing(), 5.0):  # everything after the first is held
+            got.append(item)
+    except RuntimeError as e:
+        assert str(e) == "engine died"
+    else:
+        raise AssertionError("the engine's error was swallowed")
+    assert "".join(c.text for c in got) == "".join(f"t{i} " for i in range(6))  # type: ignore[attr-defined]
+    assert len(got) == 2  # the first at once, the rest flushed before the error
+
