@@ -105,11 +105,14 @@ class ModelConfig(Strict):
         "its POST routes need the deployment's random token (/kvroute/replicas lists it).",
     )
     stream_interval_ms: float = Field(
-        0.0, ge=0, le=1000, description="Stream pacing: after a token chunk, the next leaves "
+        20.0, ge=0, le=1000, description="Stream pacing: after a token chunk, the next leaves "
         "a replica no sooner than this, carrying every token released meanwhile (vLLM's "
         "and SGLang's stream_interval, in time). The first token and the end are never "
-        "held. Fewer, larger chunks cut per-token CPU in worker and router; 0: each "
-        "release at once (workers.stream_pacing).",
+        "held, and a stream slower than this is not touched. Default 20 ms (50 chunks/s, "
+        "above what a reader or an agent's parser can use): per chunk, the worker, the "
+        "router and the client each pay a write and a wake-up, most of the router's CPU on "
+        "fast streams (docs/benchmarks.md, issue 16). 0: every token its own chunk, as "
+        "vLLM and SGLang do by default (workers.stream_pacing).",
     )
     default_max_tokens: int = Field(
         1024, ge=1, description="Output limit when a request sets none (capped by context)."
