@@ -78,7 +78,7 @@ class CompareSpec:
     model_path: str | None = None  # default: the tiny offline model
     port: int = 0  # kvroute's HTTP port; 0 = a free one
     ingress: str = "proxy"  # kvroute's server.ingress: proxy | direct
-    stream_interval_ms: float = 0.0  # the model's stream pacing (workers.stream_pacing)
+    stream_interval_ms: float | None = None  # the model's stream pacing; None: its default
     sim: dict[str, float] = field(default_factory=lambda: {
         "prefill_tok_s": 4000.0, "tpot_s": 0.02, "tpot_per_batch_s": 0.0002,
         "kv_blocks": 4096})
@@ -101,12 +101,14 @@ def build_config(spec: CompareSpec, model_path: str, port: int) -> Any:
     kwargs: dict[str, int | float | str | bool] = {}
     if spec.engine == "sim":
         kwargs = {k: int(v) if k == "kv_blocks" else float(v) for k, v in spec.sim.items()}
+    pacing = ({} if spec.stream_interval_ms is None
+              else {"stream_interval_ms": spec.stream_interval_ms})
     model = ModelConfig(
         name=MODEL, engine=spec.engine, model_path=model_path,  # type: ignore[arg-type]
         num_replicas=spec.replicas, num_cpus=0.5, engine_kwargs=kwargs, direct_http=True,
         context_window=spec.context_window, max_ongoing_requests=spec.max_ongoing_requests,
         vllm_kv_events=VllmKvEvents(block_size=spec.event_block_size)
-        if spec.engine == "sim" else None, stream_interval_ms=spec.stream_interval_ms,
+        if spec.engine == "sim" else None, **pacing,
     )
     return KvrouteConfig(models=[model], server=ServerConfig(host="127.0.0.1", port=port,
                                                             ingress=spec.ingress))

@@ -131,6 +131,11 @@ def proxy_process() -> psutil.Process:
     return _newest("ProxyActor", "Serve proxy")
 
 
+def worker_process(model: str) -> psutil.Process:
+    """The newest worker replica of ``model`` (as ``router_process``)."""
+    return _newest(f"ServeReplica:kvroute:{model}", f"{model} replica")
+
+
 def _newest(marker: str, what: str) -> psutil.Process:
     found = []
     for p in psutil.Process().children(recursive=True):

@@ -30,12 +30,13 @@ def test_move_reads_the_session_from_redis(tiny_model_dir: Path, stack_redis: An
 
 def test_agent_table() -> None:
     modes = [{"mode": m, "requests": 100, "prompt_tokens_mean": 20000.0,
-              "cpu_ms_per_request": cpu, "tier_cpu_ms_per_request": tier, "ttft_ms_p50": 50.0}
-             for m, cpu, tier in (("before", 40.0, 90.0), ("after", 8.0, 9.0))]
+              "cpu_ms_per_request": cpu, "tier_cpu_ms_per_request": tier,
+              "worker_cpu_ms_per_request": worker, "ttft_ms_p50": 50.0}
+             for m, cpu, tier, worker in (("before", 40.0, 90.0, 6.0), ("after", 8.0, 9.0, 5.5))]
     text = agent_markdown({"agent": {"modes": modes, "after_over_before": 0.2,
                                      "tier_after_over_before": 0.1}})
-    assert "| 1 | before | 100 | 20,000 | 0 | 0.00 | 40.0 | 90.0 | 50 |" in text
-    assert "| 1 | after | 100 | 20,000 | 0 | 0.00 | 8.0 | 9.0 | 50 |" in text
+    assert "| 1 | before | 100 | 20,000 | 0 | 0.00 | 40.0 | 90.0 | 6.0 | 50 |" in text
+    assert "| 1 | after | 100 | 20,000 | 0 | 0.00 | 8.0 | 9.0 | 5.5 | 50 |" in text
     assert "after / before, router CPU per request: 0.20x" in text
     assert "after / before, router + proxy CPU per request: 0.10x" in text
 
@@ -69,3 +70,15 @@ def test_agent_ratios_are_over_all_rounds(monkeypatch: pytest.MonkeyPatch) -> No
     assert got["after_over_before"] == pytest.approx(3 / 8)
     assert got["tier_after_over_before"] == pytest.approx(3.1 / 12)
     assert got["tier_paced_over_before"] == pytest.approx(2.1 / 12)
+
+
+def test_the_stack_keeps_the_models_stream_pacing_unless_a_mode_sets_it() -> None:
+    """"after" must measure kvroute's defaults: the stack sets ``stream_interval_ms`` only
+    when asked ("paced"), so a bench of the shipped config is one."""
+    from deploy.model_config import ModelConfig
+    from ops.bench.compare import CompareSpec, build_config
+
+    shipped = ModelConfig.model_fields["stream_interval_ms"].default
+    assert build_config(CompareSpec(), "/m", 0).models[0].stream_interval_ms == shipped
+    paced = build_config(CompareSpec(stream_interval_ms=0.0), "/m", 0).models[0]
+    assert paced.stream_interval_ms == 0.0
