@@ -17,6 +17,7 @@ from ray.serve.config import AutoscalingConfig as ServeAutoscaling
 from ray.serve.config import AutoscalingPolicy, RequestRouterConfig
 from ray.serve.schema import LoggingConfig
 
+from deploy.autoscale_router import RouterOngoingPolicy
 from deploy.autoscale_serve import KvroutePolicy
 from deploy.config import AutoscalingConfig, IndexConfig, KvrouteConfig, ModelConfig
 from deploy.serve_env import replica_env
@@ -32,13 +33,20 @@ ROUTER_DEPLOYMENT = "kvroute-router"
 METRICS_DEPLOYMENT = "kvroute-metrics"
 
 
-def _scaling(fixed: int | None, a: AutoscalingConfig | None) -> dict[str, Any]:
+def _scaling(fixed: int | None, a: AutoscalingConfig | None,
+             direct_ingress: bool = False) -> dict[str, Any]:
+    """Serve's replica options; ``direct_ingress``: router replicas that clients reach on
+    their own listeners, scaled on their own count (``deploy.autoscale_router``)."""
     if a is None:
         return {"num_replicas": fixed}
     policy = {}
     if a.policy == "kvroute":
         policy = {"policy": AutoscalingPolicy(policy_function=KvroutePolicy, policy_kwargs={
             "ttft_target_s": a.ttft_target_s, "startup_s": a.startup_s})}
+    elif direct_ingress:
+        policy = {"policy": AutoscalingPolicy(policy_function=RouterOngoingPolicy,
+                                              policy_kwargs={"target_ongoing_requests":
+                                                             a.target_ongoing_requests})}
     with warnings.catch_warnings():  # Serve deprecates metrics_interval_s for env vars
         warnings.simplefilter("ignore", DeprecationWarning)
         return {"autoscaling_config": ServeAutoscaling(
@@ -109,7 +117,8 @@ def build_app(config: KvrouteConfig) -> Application:
         name=ROUTER_DEPLOYMENT,
         max_ongoing_requests=config.router.max_ongoing_requests,
         max_queued_requests=config.router.max_queued_requests,
-        **_scaling(config.router.replicas, config.router.autoscaling),
+        **_scaling(config.router.replicas, config.router.autoscaling,
+                   direct_ingress=config.server.ingress == "direct"),
         ray_actor_options=_actor_options(config.router.num_cpus),
         **_spread(config.router.max_replicas_per_node),
     )

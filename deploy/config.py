@@ -141,10 +141,11 @@ class KvrouteConfig(Strict):
             if target not in known:
                 raise ValueError(f"alias {pattern!r} names {target!r}, which is not a model "
                                  "or group of this config")
-        if self.server.ingress == "direct" and self.router.autoscaling is not None:
-            # Serve scales router replicas on the requests its proxy hands them: none here
-            raise ValueError("router.autoscaling needs server.ingress 'proxy': with 'direct' "
-                             "requests bypass Serve's proxy, so Serve sees no router load")
+        scaling = self.router.autoscaling
+        if self.server.ingress == "direct" and scaling is not None and scaling.min_replicas < 1:
+            # clients reach router replicas on their own listeners: none to take the request
+            raise ValueError("router.autoscaling.min_replicas must be >= 1 with server.ingress "
+                             "'direct' (no router replica, no listener to wake one)")
         return self
 
     def resolve(self, name: str) -> dict[str, float] | None:

@@ -78,7 +78,8 @@ class RouterConfig(Strict):
     replicas: int = Field(1, ge=1, description="Router ingress replicas (without autoscaling).")
     autoscaling: AutoscalingConfig | None = Field(
         None, description="Autoscale router replicas (a router holds each request for its "
-        "whole stream, so aim target_ongoing_requests high, e.g. 128).",
+        "whole stream, so aim target_ongoing_requests high, e.g. 128). With server.ingress "
+        "direct, on the requests open on the replicas' own listeners (deploy.autoscale_router).",
     )
     max_ongoing_requests: int = Field(1024, ge=1, description="Requests per router replica.")
     max_queued_requests: int = Field(

@@ -29,7 +29,7 @@ from router.auth import exposure_warning
 from router.client_guard import ClientGuardMiddleware
 from router.core import RouterCore
 from router.errors import ApiError, error_response
-from router.listener import Listener
+from router.listener import ONGOING_STAT, Listener
 from router.loopback_stream import Loopback
 from router.metrics_hub import MetricsCache, push_metrics
 from router.openapi import kvroute_openapi
@@ -141,6 +141,11 @@ class Ingress:
                 await push_metrics(self._hub, self._replica, timeout_s=period)
             except Exception as e:
                 log.warning("metrics push to the hub failed: %r", e)
+
+    async def record_autoscaling_stats(self) -> dict[str, float]:
+        """For Serve's autoscaler with ``server.ingress: direct``: the requests open on this
+        replica's own listener, which Serve's count misses (``deploy.autoscale_router``)."""
+        return {} if self._listener is None else {ONGOING_STAT: float(self._listener.ongoing)}
 
     async def check_health(self) -> None:
         """Serve's replica health check: with ``server.ingress: direct``, a listener that

@@ -28,6 +28,8 @@ from starlette.types import ASGIApp, Message, Receive, Send
 from router.asgi_server import AsgiServer, address_of, bind
 
 _SANE_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
+# the router replica's open requests, as it reports them to Serve's autoscaler
+ONGOING_STAT = "kvroute_router_http_ongoing"
 
 
 def request_id_of(scope: MutableMapping[str, Any]) -> str:
@@ -41,10 +43,12 @@ def request_id_of(scope: MutableMapping[str, Any]) -> str:
 
 class RequestIds:
     """Serve's request context and the ``x-request-id`` response header, as the proxy sets
-    them, for requests that do not pass the proxy."""
+    them, for requests that do not pass the proxy; and ``ongoing``, the requests open now
+    (what Serve's autoscaler reads: ``deploy.autoscale_router``)."""
 
     def __init__(self, app: ASGIApp, app_name: str) -> None:
         self.app, self.app_name = app, app_name
+        self.ongoing = 0
 
     async def __call__(self, scope: MutableMapping[str, Any], receive: Receive,
                        send: Send) -> None:
@@ -64,7 +68,11 @@ class RequestIds:
                 message = {**message, "headers": [*message.get("headers", ()), header]}
             return send(message)
 
-        await self.app(scope, receive, send_with_id)
+        self.ongoing += 1
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            self.ongoing -= 1
 
 
 class Listener:
@@ -79,17 +87,24 @@ class Listener:
                                "another program holds the port") from None
         self.graceful_s = graceful_s
         self._server: AsgiServer | None = None
+        self._ids: RequestIds | None = None
 
     @property
     def address(self) -> str:
         return address_of(self._sock)
 
     @property
+    def ongoing(self) -> int:
+        """HTTP requests open on this listener now."""
+        return 0 if self._ids is None else self._ids.ongoing
+
+    @property
     def serving(self) -> bool:
         return self._server is not None and self._server.serving
 
     async def start(self, app: ASGIApp, app_name: str) -> None:
-        self._server = AsgiServer(RequestIds(app, app_name), self._sock, self.graceful_s)
+        self._ids = RequestIds(app, app_name)
+        self._server = AsgiServer(self._ids, self._sock, self.graceful_s)
         await self._server.start()
 
     async def stop(self) -> None:

@@ -33,8 +33,8 @@ def test_defaults_bind_loopback_and_use_memory_index() -> None:
     {"models": []},
     {**BASE, "router": {"worker_transport": "http"}},
     {**BASE, "server": {"ingress": "direct", "port": 0}},  # each replica would pick its own
-    {**BASE, "server": {"ingress": "direct", "port": 8123},
-     "router": {"autoscaling": {"min_replicas": 1, "max_replicas": 2}}},
+    {**BASE, "server": {"ingress": "direct", "port": 8123},  # no listener to wake one
+     "router": {"autoscaling": {"min_replicas": 0, "max_replicas": 2}}},
     {**BASE, "server": {"ingress": "haproxy"}},
 ])
 def test_invalid_configs_fail_fast(bad: dict) -> None:
@@ -46,6 +46,12 @@ def test_direct_ingress_with_a_fixed_port_validates() -> None:
     cfg = KvrouteConfig.model_validate({**BASE, "server": {"ingress": "direct", "port": 8123}})
     assert cfg.server.ingress == "direct" and KvrouteConfig.model_validate(BASE).server.ingress \
         == "proxy"
+
+
+def test_direct_ingress_takes_router_autoscaling() -> None:
+    cfg = KvrouteConfig.model_validate({**BASE, "server": {"ingress": "direct", "port": 8123},
+                                        "router": {"autoscaling": {"max_replicas": 2}}})
+    assert cfg.router.autoscaling is not None and cfg.router.autoscaling.max_replicas == 2
 
 
 def test_local_yaml_validates() -> None:

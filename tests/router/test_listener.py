@@ -45,3 +45,46 @@ def test_an_id_that_is_not_a_plain_token_is_replaced() -> None:
     rid = r.headers["x-request-id"]
     assert rid != "a b<script>" and len(rid) == 32 and rid == r.headers["x-seen-id"]
     assert r.content == b"".join(CHUNKS)
+
+
+def test_ongoing_counts_the_requests_open_now() -> None:
+    """What the router replica reports to Serve's autoscaler under ``direct``: requests in
+    flight, streams until their last byte, and none left after a failed one."""
+    release, three_open = asyncio.Event(), asyncio.Event()
+    seen: list[int] = []
+    opened = 0
+
+    async def slow(request: Request) -> Response:
+        nonlocal opened
+        opened += 1
+        if opened == 3:
+            three_open.set()
+
+        async def body() -> AsyncIterator[bytes]:
+            yield b"data: one\n\n"
+            await release.wait()
+            yield b"data: [DONE]\n\n"
+        return StreamingResponse(body())
+
+    async def fail(request: Request) -> Response:
+        seen.append(ids.ongoing)
+        raise RuntimeError("handler failed")
+
+    ids = RequestIds(Starlette(routes=[Route("/slow", slow), Route("/fail", fail)]), "app")
+
+    async def run() -> None:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=ids),
+                                     base_url="http://t") as c:
+            streams = [asyncio.ensure_future(c.get("/slow")) for _ in range(3)]
+            await three_open.wait()
+            assert ids.ongoing == 3
+            try:
+                await c.get("/fail")
+            except RuntimeError:
+                pass
+            assert seen == [4] and ids.ongoing == 3
+            release.set()
+            assert all(r.status_code == 200 for r in await asyncio.gather(*streams))
+        assert ids.ongoing == 0
+
+    asyncio.run(asyncio.wait_for(run(), 10))
