@@ -84,7 +84,9 @@ class RouterConfig(Strict):
     max_ongoing_requests: int = Field(1024, ge=1, description="Requests per router replica.")
     max_queued_requests: int = Field(
         256, ge=1, description="Requests Serve's proxy may queue for the routers when every "
-        "router replica is at max_ongoing_requests; past it a fast 503 (Serve: unbounded).",
+        "router replica is at max_ongoing_requests; past it a fast 503 (Serve: unbounded). "
+        "With server.ingress direct, each router replica's listener takes at most "
+        "max_ongoing_requests + this at once and answers 503 past it.",
     )
     num_cpus: float = Field(0.0, ge=0, description="CPUs reserved per router replica.")
     max_replicas_per_node: int | None = Field(

@@ -113,7 +113,8 @@ class Ingress:
         self._maintainer = asyncio.get_running_loop().create_task(self._maintain())
         self._listener: Listener | None = None
         if cfg.server.ingress == "direct":
-            self._listener = Listener(cfg.server.host, cfg.server.port)
+            self._listener = Listener(cfg.server.host, cfg.server.port, max_open=(
+                cfg.router.max_ongoing_requests + cfg.router.max_queued_requests))
             self._listening = asyncio.get_running_loop().create_task(self._listen())
 
     async def _listen(self) -> None:

@@ -11,8 +11,11 @@ connection stays with its replica). Serve's proxy moves to a free loopback port
 Of what the proxy did, this keeps the request id: the client's ``x-request-id`` (if it is a
 sane token) or a new one, set as Serve's request context, so the body id, logs and the echoed
 header agree as they do through the proxy. Not kept: Serve's own queueing of requests to
-router replicas (``max_ongoing_requests``); the router's admission and rate limits still
-apply. A replica that stops lets its open requests finish for ``graceful_s``.
+router replicas; in its place each listener takes at most ``max_open`` requests at once
+(``router.max_ongoing_requests`` + ``max_queued_requests``, what Serve would have taken and
+queued) and answers the next with a fast 503 in the API's shape. The router's admission and
+rate limits still apply. A replica that stops lets its open requests finish for
+``graceful_s``.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from ray.serve import context as serve_context
 from starlette.types import ASGIApp, Message, Receive, Send
 
 from router.asgi_server import AsgiServer, address_of, bind
+from router.errors import ApiError, error_response
 
 _SANE_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
 # the router replica's open requests, as it reports them to Serve's autoscaler
@@ -43,11 +47,11 @@ def request_id_of(scope: MutableMapping[str, Any]) -> str:
 
 class RequestIds:
     """Serve's request context and the ``x-request-id`` response header, as the proxy sets
-    them, for requests that do not pass the proxy; and ``ongoing``, the requests open now
-    (what Serve's autoscaler reads: ``deploy.autoscale_router``)."""
+    them, for requests that do not pass the proxy; ``ongoing``, the requests open now (what
+    Serve's autoscaler reads: ``deploy.autoscale_router``), at most ``max_open``."""
 
-    def __init__(self, app: ASGIApp, app_name: str) -> None:
-        self.app, self.app_name = app, app_name
+    def __init__(self, app: ASGIApp, app_name: str, max_open: int | None = None) -> None:
+        self.app, self.app_name, self.max_open = app, app_name, max_open
         self.ongoing = 0
 
     async def __call__(self, scope: MutableMapping[str, Any], receive: Receive,
@@ -68,6 +72,11 @@ class RequestIds:
                 message = {**message, "headers": [*message.get("headers", ()), header]}
             return send(message)
 
+        if self.max_open is not None and self.ongoing >= self.max_open:
+            full = ApiError(503, "the router replica has too many open requests; retry later",
+                            "overloaded", retry_after_s=1.0)
+            return await error_response(full, scope.get("path", ""))(scope, receive,
+                                                                     send_with_id)
         self.ongoing += 1
         try:
             await self.app(scope, receive, send_with_id)
@@ -79,13 +88,14 @@ class Listener:
     """The socket is bound at construction, so a taken port fails the replica's start with a
     clear error; ``start`` serves ``app`` on it."""
 
-    def __init__(self, host: str, port: int, graceful_s: float = 15.0) -> None:
+    def __init__(self, host: str, port: int, graceful_s: float = 15.0,
+                 max_open: int | None = None) -> None:
         try:
             self._sock = bind(host, port, reuse_port=True)
         except OSError as e:
             raise RuntimeError(f"server.ingress 'direct': cannot listen on {host}:{port} ({e}); "
                                "another program holds the port") from None
-        self.graceful_s = graceful_s
+        self.graceful_s, self.max_open = graceful_s, max_open
         self._server: AsgiServer | None = None
         self._ids: RequestIds | None = None
 
@@ -103,7 +113,7 @@ class Listener:
         return self._server is not None and self._server.serving
 
     async def start(self, app: ASGIApp, app_name: str) -> None:
-        self._ids = RequestIds(app, app_name)
+        self._ids = RequestIds(app, app_name, self.max_open)
         self._server = AsgiServer(self._ids, self._sock, self.graceful_s)
         await self._server.start()
 
