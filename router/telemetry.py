@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry import context, trace
+from ray.serve import context as serve_context
 
 from deploy.tracing import extract, tracer
 from router import metrics
@@ -119,10 +120,12 @@ API_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/response
 
 
 def _request_id(headers: Any) -> str:
+    """The response's ``x-request-id``; else the id Serve's proxy or the router's own
+    listener gave the request (they add the header outside the app, after this layer)."""
     for k, v in headers:
         if k.lower() == b"x-request-id":
             return bytes(v[:128]).decode("latin-1")  # client-chosen: bounded
-    return ""
+    return serve_context._get_serve_request_context().request_id[:128]  # noqa: SLF001
 
 
 def span_name(method: str, path: str) -> str:

@@ -101,3 +101,23 @@ async def test_keys_off_is_anonymous(caplog: pytest.LogCaptureFixture) -> None:
     assert _lines(caplog)[0]["key"] == "anonymous"
     assert _count("kvroute_key_requests_total", key="anonymous", model="m1",
                   status="ok") == before + 1
+
+
+async def test_the_access_line_takes_the_request_id_serve_or_the_listener_gave(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Serve's proxy and the router's own listener add ``x-request-id`` to the response
+    outside the app, after this layer; the access line still names the request's id."""
+    from router.listener import RequestIds
+
+    caplog.set_level(logging.INFO, telemetry.ACCESS.name)
+
+    async def chat(request: Request) -> Response:
+        return JSONResponse({"ok": True})
+
+    app = RequestIds(telemetry.TelemetryMiddleware(
+        Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])), "app")
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://t") as c:
+        r = await c.post("/v1/chat/completions", json={}, headers={"x-request-id": "turn-9"})
+    assert r.headers["x-request-id"] == "turn-9"
+    assert [line["request_id"] for line in _lines(caplog)] == ["turn-9"]
