@@ -46,12 +46,14 @@ __all__ = [
 class ServerConfig(Strict):
     host: str = Field("127.0.0.1", description="Bind address; loopback unless configured.")
     port: int = Field(8000, ge=0, le=65535, description="HTTP port clients connect to.")
-    ingress: Literal["proxy", "direct"] = Field(
-        "proxy", description="Who serves `host:port`. proxy: Serve's HTTP proxy, which passes "
+    ingress: Literal["auto", "proxy", "direct"] = Field(
+        "auto", description="Who serves `host:port`. proxy: Serve's HTTP proxy, which passes "
         "each request and every streamed event to a router replica over gRPC. direct: every "
         "router replica listens on `host:port` itself (SO_REUSEPORT; the kernel spreads "
         "connections over a node's router replicas), one hop less per streamed event; Serve's "
-        "proxy moves to a free loopback port (docs/deploy.md).",
+        "proxy moves to a free loopback port. auto: direct where kvroute starts Serve itself "
+        "(`kvroute up`) on a fixed port Serve's proxy does not hold; proxy otherwise, as with "
+        "`serve deploy`, where http_options give the proxy the port (docs/deploy.md).",
     )
     proxy_location: Literal["EveryNode", "HeadOnly"] = Field(
         "EveryNode", description="Where Serve runs HTTP proxies (one per node, or head only)."

@@ -36,11 +36,36 @@ def init_ray(host: str = "127.0.0.1", num_cpus: int | None = None) -> None:
 
 def deploy(config: KvrouteConfig) -> str:
     """Deploy the app on the running Ray; returns the base URL."""
+    config = resolve_ingress(config, _running_proxy_port())
     serve.start(http_options=http_options(config), proxy_location=config.server.proxy_location)
     serve.run(build_app(config), name=APP_NAME, route_prefix="/", blocking=False)
     host = config.server.host
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     return f"http://{shown}:{config.server.port}"
+
+
+def resolve_ingress(config: KvrouteConfig, proxy_port: int | None) -> KvrouteConfig:
+    """``server.ingress: auto`` made ``direct`` or ``proxy`` for a deploy that starts Serve
+    itself. ``proxy_port``: the port of a Serve proxy already running, if any.
+
+    direct needs a fixed port that Serve's proxy does not hold (a Serve started by someone
+    else keeps its http_options), and router autoscaling that never reaches 0 replicas (no
+    listener would wake one); anything else stays behind the proxy."""
+    server = config.server
+    if server.ingress != "auto":
+        return config
+    scaling = config.router.autoscaling
+    direct = (server.port != 0 and server.port != proxy_port
+              and (scaling is None or scaling.min_replicas >= 1))
+    resolved = server.model_copy(update={"ingress": "direct" if direct else "proxy"})
+    return config.model_copy(update={"server": resolved})
+
+
+def _running_proxy_port() -> int | None:
+    from ray.serve.context import _get_global_client
+
+    client = _get_global_client(raise_if_no_controller_running=False)
+    return None if client is None else client.http_config.port
 
 
 def http_options(config: KvrouteConfig) -> dict[str, object]:

@@ -29,7 +29,9 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def serve_port() -> int:
-    """Serve's proxy keeps the port of the first ``serve.start`` for the whole session."""
+    """The stacks' port: their router replicas listen on it (``server.ingress`` auto, so
+    direct). Serve's proxy, kept from the first ``serve.start`` for the whole session, is on
+    another free port (``tests.stacks.proxy_port``)."""
     return free_port()
 
 

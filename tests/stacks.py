@@ -1,8 +1,9 @@
 """Real kvroute stacks for the end-to-end tests: sim models, Redis URLs, a deployed app.
 
 A module's fixture builds its config with ``sim_model`` and ``stack_config`` (models
-on the session's loopback Serve port) and serves it with ``deployed``, which waits
-for ``/health`` and always deletes the app again, so the next module starts clean.
+on the session's loopback port, where the router replicas listen themselves unless the
+config asks for Serve's proxy) and serves it with ``deployed``, which waits for
+``/health`` and always deletes the app again, so the next module starts clean.
 """
 
 from __future__ import annotations
@@ -52,12 +53,33 @@ def deployed(cfg: KvrouteConfig, timeout_s: float = 120.0) -> Iterator[str]:
 
     from deploy import runtime
 
+    if cfg.server.ingress == "proxy":  # on the port Serve's proxy holds this session
+        cfg = cfg.model_copy(update={"server": cfg.server.model_copy(
+            update={"port": proxy_port()})})
     try:
         url = runtime.deploy(cfg)
         runtime.wait_healthy(url, timeout_s=timeout_s)
         yield url
     finally:
         serve.delete(runtime.APP_NAME)
+
+
+def proxy_port() -> int:
+    """The port of this session's Serve proxy, started on a free port if it is not running.
+
+    Serve keeps the proxy of its first start for the whole session, so an app behind the
+    proxy must use its port; the routers of the other apps (``server.ingress`` resolved to
+    direct) listen on the session's ``serve_port``, which the proxy never takes."""
+    from ray import serve
+    from ray.serve.context import _get_global_client
+
+    from tests.conftest import free_port
+
+    client = _get_global_client(raise_if_no_controller_running=False)
+    if client is None:
+        serve.start(http_options={"host": "127.0.0.1", "port": free_port()})
+        client = _get_global_client()
+    return int(client.http_config.port)
 
 
 def counter(url: str, name: str) -> float:

@@ -45,7 +45,7 @@ def test_invalid_configs_fail_fast(bad: dict) -> None:
 def test_direct_ingress_with_a_fixed_port_validates() -> None:
     cfg = KvrouteConfig.model_validate({**BASE, "server": {"ingress": "direct", "port": 8123}})
     assert cfg.server.ingress == "direct" and KvrouteConfig.model_validate(BASE).server.ingress \
-        == "proxy"
+        == "auto"
 
 
 def test_direct_ingress_takes_router_autoscaling() -> None:

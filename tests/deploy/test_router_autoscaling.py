@@ -29,11 +29,7 @@ CLIENTS = 6  # streams open at once: 3x the routers' target
 
 
 @pytest.fixture(scope="module")
-def stack(ray_local: None, tiny_model_dir: Path, serve_port: int) -> Iterator[str]:
-    from ray import serve
-
-    # the session's proxy on its own port (a direct deployment alone would move it)
-    serve.start(http_options={"host": "127.0.0.1", "port": serve_port})
+def stack(ray_local: None, tiny_model_dir: Path) -> Iterator[str]:
     scaling = AutoscalingConfig(min_replicas=1, max_replicas=2, target_ongoing_requests=2.0,
                                 upscale_delay_s=0.5, downscale_delay_s=2.0,
                                 metrics_interval_s=0.5, look_back_period_s=2.0)

@@ -20,26 +20,22 @@ import pytest
 
 from deploy.config import IndexConfig, KvrouteConfig, RouterConfig, ServerConfig
 from tests.conftest import free_port
-from tests.stacks import deployed, sim_model
+from tests.stacks import deployed, proxy_port, sim_model
 
 pytestmark = pytest.mark.slow
 MODEL = "direct-sim"
 
 
 @pytest.fixture(scope="module")
-def stack(ray_local: None, tiny_model_dir: Path, serve_port: int) -> Iterator[tuple[str, str]]:
-    from ray import serve
-
-    # The session's proxy on its port whether or not an earlier test started it: a direct
-    # deployment alone would start it on a free port.
-    serve.start(http_options={"host": "127.0.0.1", "port": serve_port})
+def stack(ray_local: None, tiny_model_dir: Path) -> Iterator[tuple[str, str]]:
+    proxied = f"http://127.0.0.1:{proxy_port()}"  # the session's proxy, wherever it is
     cfg = KvrouteConfig(
         models=[sim_model(MODEL, tiny_model_dir, tpot_s=0.005)], index=IndexConfig(),
         router=RouterConfig(replicas=2),
         server=ServerConfig(host="127.0.0.1", port=free_port(), ingress="direct"))
     with deployed(cfg) as url:
         assert url.endswith(f":{cfg.server.port}")
-        yield url, f"http://127.0.0.1:{serve_port}"  # (direct, through the session's proxy)
+        yield url, proxied  # (direct, through the session's proxy)
 
 
 def _body(stream: bool, max_tokens: int = 30) -> dict[str, Any]:
