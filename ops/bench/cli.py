@@ -92,9 +92,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--router-replicas", default="",
                    help="e.g. 1,2,4: run kvroute (shared index), smg and vllm-router at each "
                    "count of router replicas instead (ops.bench.scaling)")
-    c.add_argument("--ingress", choices=("proxy", "direct"), default="proxy",
+    c.add_argument("--ingress", choices=("auto", "proxy", "direct"), default="auto",
                    help="kvroute's server.ingress: through Serve's proxy, or each router "
-                   "replica listening itself")
+                   "replica listening itself (auto, the default, is direct here)")
     c.add_argument("--sglang-args", default="",
                    help="extra sglang-router flags for the cache_aware run (default: none)")
     _load_args(c)

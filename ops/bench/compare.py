@@ -9,7 +9,7 @@ serves its own OpenAI endpoint, ``router.direct_http``) and, on the sim engine,
 ``workers.vllm_events``), reads their endpoints from ``GET /kvroute/replicas``, and
 runs the same workload through, in turn (``--routers``; ``all`` = every one):
 
-* ``kvroute``: kvroute's router (Serve proxy -> ingress -> replica);
+* ``kvroute``: kvroute's router (ingress -> replica; ``--ingress proxy`` adds Serve's proxy);
 * ``round-robin``: sglang-router with ``--policy round_robin`` over the endpoints
   (a plain round-robin: sglang-router's own, so both peers share one HTTP stack);
 * ``sglang-router``: sglang-router 0.3.2 with ``--policy cache_aware``, default thresholds;
@@ -77,7 +77,7 @@ class CompareSpec:
     agent: AgentParams = field(default_factory=AgentParams)
     model_path: str | None = None  # default: the tiny offline model
     port: int = 0  # kvroute's HTTP port; 0 = a free one
-    ingress: str = "proxy"  # kvroute's server.ingress: proxy | direct
+    ingress: str = "auto"  # kvroute's server.ingress: auto (direct here) | proxy | direct
     stream_interval_ms: float | None = None  # the model's stream pacing; None: its default
     sim: dict[str, float] = field(default_factory=lambda: {
         "prefill_tok_s": 4000.0, "tpot_s": 0.02, "tpot_per_batch_s": 0.0002,

@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--idle", type=float, default=60.0, help="idle seconds measured first")
     p.add_argument("--settle", type=float, default=15.0, help="seconds after deploying")
     p.add_argument("--replicas", type=int, default=4)
-    p.add_argument("--ingress", choices=("proxy", "direct"), default="proxy",
+    p.add_argument("--ingress", choices=("auto", "proxy", "direct"), default="auto",
                    help="kvroute's server.ingress (direct: no Serve proxy in the path)")
     p.add_argument("--rate", type=int, default=20, help="py-spy samples per second")
     p.add_argument("--nonblocking", action="store_true", help="py-spy without --native")

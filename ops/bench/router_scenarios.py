@@ -162,7 +162,7 @@ class AgentBenchSpec:
     max_tokens: int | None = None  # cap every reply (1: the prompt side alone)
     base: str | None = None  # "before" runs this tree's code (None: the cache switched off)
     rounds: int = 1  # the modes alternated this many times
-    ingress: str = "proxy"  # "after"'s server.ingress (the base tree may predate the key)
+    ingress: str = "auto"  # "after"'s server.ingress (the base tree may predate the key)
     paced_ms: float | None = None  # also run "paced": "after" with this stream_interval_ms
     # think times scaled down (more requests per run); everything else as bench compare
     agent: AgentParams = field(default_factory=lambda: AgentParams(
@@ -210,7 +210,7 @@ def agent_mode(mode: str, spec: AgentBenchSpec, model_path: str) -> dict[str, An
         env = MODES["after" if mode == "paced" else mode]
     stack = {"engine": "sim", "replicas": 1, "sim": dict(spec.sim), "context_window": 262144,
              "model_path": model_path}
-    if mode != "before" and spec.ingress != "proxy":
+    if mode != "before" and spec.ingress != "auto":
         stack["ingress"] = spec.ingress
     if mode == "paced":  # "after" with stream pacing (the base tree predates the key)
         stack["stream_interval_ms"] = spec.paced_ms
@@ -228,7 +228,8 @@ def agent_mode(mode: str, spec: AgentBenchSpec, model_path: str) -> dict[str, An
                 raise
             time.sleep(10)
     ok = [r for r in records if r.ok]
-    return {"mode": mode, "tree": str(tree), "ingress": stack.get("ingress", "proxy"),
+    ingress = "proxy" if mode == "before" else spec.ingress
+    return {"mode": mode, "tree": str(tree), "ingress": ingress,
             "requests": len(ok), "errors": len(records) - len(ok),
             "router_cpu_s": cpu, "cpu_ms_per_request": 1e3 * cpu / max(1, len(ok)),
             # the router tier: what Serve's proxy does for "before" (HTTP, the client's
@@ -315,8 +316,9 @@ def add_arguments(r: Any) -> None:
                    "the prompt cache off")
     r.add_argument("--agent-rounds", type=int, default=1, help="--agent: alternate the modes "
                    "this many times (the ratio is over all rounds)")
-    r.add_argument("--agent-ingress", choices=("proxy", "direct"), default="proxy",
-                   help="--agent: \"after\"'s server.ingress (\"before\" keeps Serve's proxy)")
+    r.add_argument("--agent-ingress", choices=("auto", "proxy", "direct"), default="auto",
+                   help="--agent: \"after\"'s server.ingress (\"before\" keeps Serve's proxy; "
+                   "auto, the default, is direct here)")
     r.add_argument("--agent-paced-ms", type=float, help="--agent: also run \"paced\": "
                    "\"after\" with this model stream_interval_ms (workers.stream_pacing; "
                    "\"after\" has the default, 20 ms; 0: a chunk per token)")
