@@ -164,7 +164,7 @@ def cmd_router(args: argparse.Namespace) -> int:
     from ops.tiny_model import ensure_model
 
     model = args.model_path or str(ensure_model())
-    if args.move or args.agent or args.specials:  # their own figures, not the length table
+    if args.move or args.agent or args.stall or args.specials:  # not the length table
         result, text = router_scenarios.cli(args, model)
     else:
         spec = rb.quick(rb.RouterBenchSpec()) if args.quick else rb.RouterBenchSpec()

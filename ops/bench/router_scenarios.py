@@ -322,6 +322,12 @@ def add_arguments(r: Any) -> None:
     r.add_argument("--agent-paced-ms", type=float, help="--agent: also run \"paced\": "
                    "\"after\" with this model stream_interval_ms (workers.stream_pacing; "
                    "\"after\" has the default, 20 ms; 0: a chunk per token)")
+    r.add_argument("--stall", type=int, metavar="ROUNDS", help="the stall figure alone, "
+                   "this many rounds per --stall-ingress, median ratio (ops.bench.stall_rounds)")
+    r.add_argument("--stall-ingress", default="auto", help="--stall: server.ingress values, "
+                   "comma-separated, alternated each round (e.g. proxy,direct)")
+    r.add_argument("--stall-length", type=int, default=160000,
+                   help="--stall: the cold prompt's tokens")
     r.add_argument("--specials", action="store_true", help="the cost of encoding client "
                    "special-token strings as text, fast and slow path (in process; "
                    "ops.bench.special_cost)")
@@ -330,7 +336,8 @@ def add_arguments(r: Any) -> None:
 
 
 def cli(args: Any, model_path: str) -> tuple[dict[str, Any], str]:
-    """The ``--move``, ``--agent`` and/or ``--specials`` results and their markdown."""
+    """The ``--move``, ``--agent``, ``--stall`` and/or ``--specials`` results and their
+    markdown."""
     result: dict[str, Any] = {}
     text = ""
     if args.move:
@@ -347,6 +354,12 @@ def cli(args: Any, model_path: str) -> tuple[dict[str, Any], str]:
                               paced_ms=args.agent_paced_ms)
         result.update(run_agent(spec, model_path, show=not args.quiet))
         text += ("\n" if text else "") + agent_markdown(result)
+    if args.stall:
+        from ops.bench import stall_rounds
+
+        got, md = stall_rounds.cli(args, model_path)
+        result.update(got)
+        text += ("\n" if text else "") + md
     if args.specials:
         from ops.bench.special_cost import run_specials, specials_markdown
 
