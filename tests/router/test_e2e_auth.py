@@ -50,6 +50,11 @@ def stack(ray_local: None, tiny_model_dir: Path, stack_redis: Any,
             ApiKeyConfig(name="bob", key_sha256=hash_key(BOB), tokens_per_min=2000),
         ], api_keys_env=CAROL_ENV),
     )
+    # Behind Serve's proxy, which spreads requests over both routers one by one: this
+    # module's subjects (keys and one budget on every router) need both to see a burst. With
+    # direct ingress the kernel spreads connections, and a burst's admitted requests all
+    # landed on one router once (CI, 2026-12-02).
+    cfg = cfg.model_copy(update={"server": cfg.server.model_copy(update={"ingress": "proxy"})})
     try:
         with deployed(cfg) as url:  # /health needs no key
             yield url
