@@ -25,6 +25,7 @@ concurrent short streams, unloaded and while one cold prompt of the largest leng
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -209,8 +210,14 @@ async def _stream_gaps(s: aiohttp.ClientSession, url: str, i: int, stop: asyncio
 
 async def stall(spec: RouterBenchSpec, prompts: Prompts, url: str, mode: str
                 ) -> dict[str, float]:
-    """Inter-chunk p99 of short streams, unloaded vs while one cold long prompt arrives."""
+    """Inter-chunk p99 of short streams, unloaded vs while one cold long prompt arrives.
+
+    The cold prompt is built and its ~600 KB body encoded before any stream starts: done
+    in the window, on the loop that reads the streams, it paused them 33-43 ms itself
+    (session 12's loop-lag probe), and every stall figure before counted that."""
     out: dict[str, float] = {}
+    cold = json.dumps({"model": MODEL, "max_tokens": 1, "messages": prompts.one(
+        f"{mode}-stall", max(spec.lengths))}).encode()
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as s:
         for phase in ("unloaded", "cold_long_prompt"):
             gaps: list[float] = []
@@ -222,9 +229,11 @@ async def stall(spec: RouterBenchSpec, prompts: Prompts, url: str, mode: str
             if phase == "unloaded":
                 await asyncio.sleep(spec.stall_window_s)
             else:
-                chat = prompts.one(f"{mode}-stall", max(spec.lengths))
-                await timed(s, "POST", f"{url}/v1/chat/completions",
-                            {"model": MODEL, "messages": chat, "max_tokens": 1})
+                async with s.post(f"{url}/v1/chat/completions", data=cold,
+                                  headers={"content-type": "application/json"}) as r:
+                    await r.read()
+                    if r.status != 200:
+                        raise RuntimeError(f"cold prompt: HTTP {r.status}")
                 await asyncio.sleep(0.5)
             stop.set()
             await asyncio.gather(*tasks)
