@@ -36,7 +36,7 @@ def init_ray(host: str = "127.0.0.1", num_cpus: int | None = None) -> None:
 
 def deploy(config: KvrouteConfig) -> str:
     """Deploy the app on the running Ray; returns the base URL."""
-    config = resolve_ingress(config, _running_proxy_port())
+    config = resolve_ingress(config, proxy_port())
     serve.start(http_options=http_options(config), proxy_location=config.server.proxy_location)
     serve.run(build_app(config), name=APP_NAME, route_prefix="/", blocking=False)
     host = config.server.host
@@ -61,11 +61,12 @@ def resolve_ingress(config: KvrouteConfig, proxy_port: int | None) -> KvrouteCon
     return config.model_copy(update={"server": resolved})
 
 
-def _running_proxy_port() -> int | None:
+def proxy_port() -> int | None:
+    """The port of Serve's HTTP proxy in this Ray, or None while Serve is not running."""
     from ray.serve.context import _get_global_client
 
     client = _get_global_client(raise_if_no_controller_running=False)
-    return None if client is None else client.http_config.port
+    return None if client is None else int(client.http_config.port)
 
 
 def http_options(config: KvrouteConfig) -> dict[str, object]:
@@ -84,10 +85,10 @@ def http_options(config: KvrouteConfig) -> dict[str, object]:
 def proxy_url() -> str:
     """Serve's HTTP proxy on this node: the clients' URL unless ``server.ingress`` is direct,
     which moves the proxy to a free port (other apps deployed beside kvroute stay on it)."""
-    from ray.serve.context import _get_global_client
-
-    options = _get_global_client().http_config
-    return f"http://127.0.0.1:{options.port}"
+    port = proxy_port()
+    if port is None:
+        raise RuntimeError("Serve is not running in this Ray")
+    return f"http://127.0.0.1:{port}"
 
 
 def wait_healthy(url: str, timeout_s: float = 600.0) -> float:

@@ -71,15 +71,15 @@ def proxy_port() -> int:
     proxy must use its port; the routers of the other apps (``server.ingress`` resolved to
     direct) listen on the session's ``serve_port``, which the proxy never takes."""
     from ray import serve
-    from ray.serve.context import _get_global_client
 
+    from deploy import runtime
     from tests.conftest import free_port
 
-    client = _get_global_client(raise_if_no_controller_running=False)
-    if client is None:
-        serve.start(http_options={"host": "127.0.0.1", "port": free_port()})
-        client = _get_global_client()
-    return int(client.http_config.port)
+    port = runtime.proxy_port()
+    if port is None:
+        port = free_port()
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+    return port
 
 
 def counter(url: str, name: str) -> float:

@@ -229,11 +229,7 @@ async def stall(spec: RouterBenchSpec, prompts: Prompts, url: str, mode: str
             if phase == "unloaded":
                 await asyncio.sleep(spec.stall_window_s)
             else:
-                async with s.post(f"{url}/v1/chat/completions", data=cold,
-                                  headers={"content-type": "application/json"}) as r:
-                    await r.read()
-                    if r.status != 200:
-                        raise RuntimeError(f"cold prompt: HTTP {r.status}")
+                await timed(s, "POST", f"{url}/v1/chat/completions", cold)
                 await asyncio.sleep(0.5)
             stop.set()
             await asyncio.gather(*tasks)
