@@ -40,7 +40,7 @@ import array
 import struct
 import sys
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import xxhash
@@ -49,6 +49,7 @@ from deploy.index_config import DEFAULT_BLOCK_SIZE  # the config owns the defaul
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE", "HASH_MASK", "HashMemo", "block_hashes", "model_salt", "tenant_salt",
+    "U32Ids", "token_bytes",
 ]
 
 HASH_MASK: int = (1 << 64) - 1
@@ -88,17 +89,36 @@ class HashMemo(Protocol):
     def learn(self, block_size: int, salt: int, hashes: Sequence[int]) -> None: ...
 
 
-def _pack_tokens(token_ids: Sequence[int], n_tokens: int, start: int = 0) -> bytes:
-    """Token ids ``[start, n_tokens)`` as little-endian uint32 bytes (validated, no wrap)."""
+class U32Ids(list[int]):
+    """Token ids that carry their u32 bytes (``u32``), made where those bytes are at hand
+    (the loopback wire, the router's prompt cache) and never mutated after. Pickles as a
+    plain list."""
+
+    __slots__ = ("u32",)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:  # type: ignore[override]
+        return (list, (), None, iter(self))
+
+
+def token_bytes(token_ids: Sequence[int], n_tokens: int | None = None,
+                start: int = 0) -> bytes | memoryview:
+    """Token ids ``[start, n_tokens)`` as little-endian uint32 bytes (validated, no wrap):
+    the layout of the block hashes and of the loopback wire. Ids that carry their bytes
+    (``U32Ids``) are sliced, not converted: 2-5 ms per 155k ids otherwise, on every
+    request."""
+    stop = len(token_ids) if n_tokens is None else n_tokens
+    held: bytes | None = getattr(token_ids, "u32", None)
+    if held is not None and len(held) == 4 * len(token_ids):
+        return memoryview(held)[4 * start:4 * stop]
     if isinstance(token_ids, np.ndarray):
-        arr = token_ids[start:n_tokens]
+        arr = token_ids[start:stop]
         if arr.dtype != np.dtype("<u4"):
             if arr.size and (int(arr.min()) < 0 or int(arr.max()) > _U32_MAX):
                 raise ValueError("token ids must be in [0, 2**32)")
             arr = arr.astype("<u4")
         return arr.tobytes()
     try:
-        packed = array.array("I", token_ids[start:n_tokens])
+        packed = array.array("I", token_ids[start:stop])
     except OverflowError as exc:
         raise ValueError("token ids must be in [0, 2**32)") from exc
     if packed.itemsize != 4:  # pragma: no cover - exotic platforms
@@ -141,7 +161,7 @@ def _chain(token_ids: Sequence[int], first: int, n_blocks: int, block_size: int,
     if n_blocks <= first:
         return []
     prev &= HASH_MASK
-    data = memoryview(_pack_tokens(token_ids, n_blocks * block_size, first * block_size))
+    data = memoryview(token_bytes(token_ids, n_blocks * block_size, first * block_size))
     step = 4 * block_size
     digest = xxhash.xxh3_64_intdigest
     pack = _U64.pack

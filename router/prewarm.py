@@ -92,7 +92,7 @@ class HotPrefixes:
             entry = self._table.get(key)
             if entry is None:
                 entry = self._table[key] = HotPrefix(
-                    model, tenant, token_array(token_ids[:d * self.block_size]),
+                    model, tenant, token_array(token_ids, d * self.block_size),
                     tuple(hashes[:d]))
                 while len(self._table) > self.size:
                     self._table.popitem(last=False)

@@ -65,6 +65,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from cache_service.hashing import U32Ids, token_bytes
 from deploy.config import PromptCacheConfig
 from router import token_store as ts
 
@@ -82,18 +83,17 @@ _PIECE_LOCAL = {
 _PROBES = ("", " a", "  x", "\n", "\n\nfoo bar", "hello", "Hello world", "123 45", "\u0301e",
            "é", "\t\t", " ", "'s", "<|", "日本語", "\U0001F600 ok")
 PiecesEncoder = Callable[[list[str]], list[list[int]]]
-# Per cached token: a list slot (ints are interned); per segment: the node and its dict slot.
-_ID_BYTES, _NODE_BYTES = 8, 400
+# Per cached token: a list slot (ints are interned) and 4 bytes of ``u32``; per segment: the
+# node and its dict slot.
+_ID_BYTES, _NODE_BYTES = 12, 400
 
 
-class TokenIds(list[int]):
-    """A prompt's token ids, plus the memo of the chained block hashes of its cached prefix
-    (``cache_service.hashing.block_hashes`` reads it). Pickles as a plain list."""
+class TokenIds(U32Ids):
+    """A prompt's token ids and their u32 bytes (``U32Ids``: the hashes and the loopback
+    wire slice them), plus the memo of the chained block hashes of its cached prefix
+    (``cache_service.hashing.block_hashes`` reads it)."""
 
     __slots__ = ("hash_memo",)
-
-    def __reduce_ex__(self, protocol: Any) -> Any:  # type: ignore[override]
-        return (list, (), None, iter(self))
 
 
 # -- which added tokens are boundaries ----------------------------------------------------
@@ -171,11 +171,23 @@ def boundary_tokens(tok: Tokenizer, rendered: Sequence[str]) -> tuple[str, ...]:
 
 
 # -- the cache ----------------------------------------------------------------------------
+# Ids per step of the pool thread's work on a prompt's ids. One C call over a cold 155k-id
+# prompt holds the GIL 3-8 ms, and the event loop waits for it: every stream on the router
+# stalls (session 13's loop-lag probe). Between steps the interpreter can hand the GIL over.
+_STEP = 8192
+
+
+def _u32(ids: list[int]) -> bytes:
+    """``ids`` as u32 bytes (``hashing.token_bytes``), ``_STEP`` ids at a time."""
+    return b"".join([token_bytes(ids, i + _STEP, i) for i in range(0, len(ids), _STEP)])
+
+
 @dataclass(eq=False, slots=True)
 class _Node:
     parent: _Node | None
     text: str
     ids: list[int]
+    u32: bytes  # ``ids`` as u32 bytes: a prompt's ``TokenIds.u32`` joins its nodes'
     end: int  # tokens from the prompt's start to this segment's end
     size: int = 0
     alive: bool = True
@@ -226,7 +238,7 @@ class IncrementalEncoder:
         self._cut = (re.compile("|".join(map(re.escape, sorted(boundaries, key=len)[::-1])))
                      if boundaries and max_bytes > 0 else None)
         self._ints = list(range(tok.get_vocab_size(with_added_tokens=True)))
-        self._root = _Node(None, "", [], 0, digest=ts.chain_seed(fingerprint, self.boundaries))
+        self._root = _Node(None, "", [], b"", 0, digest=ts.chain_seed(fingerprint, self.boundaries))
         self.store = store if self._cut is not None else None
         self.remote_tokens = 0
         self._lru: OrderedDict[_Node, None] = OrderedDict()
@@ -258,8 +270,9 @@ class IncrementalEncoder:
                    if self.store is not None else [])
         remote = self._remote(pieces[:n_whole], digests)
         segs = self._tokenize(pieces, remote, pieces_encoder)
+        wires = [_u32(ids) for ids in segs]
         with self._lock:
-            nodes = self._insert(path, pieces[:n_whole], segs[:n_whole], digests, remote)
+            nodes = self._insert(path, pieces[:n_whole], segs[:n_whole], wires, digests, remote)
         out = TokenIds()
         for node in path:
             out.extend(node.ids)
@@ -270,6 +283,7 @@ class IncrementalEncoder:
         self.remote_tokens += got
         self.new_tokens += len(out) - hit - got
         out.hash_memo = _Memo(path + nodes)
+        out.u32 = b"".join([*(node.u32 for node in path), *wires])
         if self.store is not None and len(text) >= self.store.min_lookup_chars:
             self._publish(path + nodes)  # shorter prompts' segments go with a longer one's
         return out
@@ -282,7 +296,7 @@ class IncrementalEncoder:
         got, used = ts.cover(pieces, self.store.fetch(digests))
         if used:
             self.store.touch([digests[j] for j in used])
-        return [None if ids is None else list(map(self._ints.__getitem__, ids)) for ids in got]
+        return [None if ids is None else self._interned(ids) for ids in got]
 
     def _tokenize(self, pieces: list[str], remote: list[list[int] | None],
                   pieces_encoder: PiecesEncoder | None) -> list[list[int]]:
@@ -293,8 +307,16 @@ class IncrementalEncoder:
         if todo:
             batch = (pieces_encoder or self._batch)([pieces[i] for i in todo])
             for i, ids in zip(todo, batch, strict=True):
-                segs[i] = list(map(self._ints.__getitem__, ids)) if i < len(remote) else ids
+                segs[i] = self._interned(ids) if i < len(remote) else ids
         return segs
+
+    def _interned(self, ids: list[int]) -> list[int]:
+        """``ids`` as the vocabulary's own int objects (what the cache keeps: one object per
+        id, not per occurrence), a slice at a time (``_STEP``)."""
+        out: list[int] = []
+        for i in range(0, len(ids), _STEP):
+            out += map(self._ints.__getitem__, ids[i:i + _STEP])
+        return out
 
     def _batch(self, pieces: list[str]) -> list[list[int]]:
         return [e.ids for e in self._tok.encode_batch_fast(pieces, add_special_tokens=False)]
@@ -317,8 +339,9 @@ class IncrementalEncoder:
             self.store.put(runs)
 
     def _whole(self, text: str, pieces_encoder: PiecesEncoder | None = None) -> TokenIds:
-        out = TokenIds((pieces_encoder or self._batch)([text])[0])
-        out.hash_memo = None
+        ids = (pieces_encoder or self._batch)([text])[0]
+        out = TokenIds(ids)
+        out.hash_memo, out.u32 = None, _u32(ids)
         return out
 
     def _walk(self, text: str, cuts: list[int]) -> list[_Node]:
@@ -334,7 +357,8 @@ class IncrementalEncoder:
         return path
 
     def _insert(self, path: list[_Node], pieces: list[str], ids: list[list[int]],
-                digests: list[bytes], remote: list[list[int] | None]) -> list[_Node]:
+                wires: list[bytes], digests: list[bytes], remote: list[list[int] | None]
+                ) -> list[_Node]:
         parent = path[-1] if path else self._root
         if not parent.alive:  # evicted while we tokenized
             return []
@@ -342,7 +366,7 @@ class IncrementalEncoder:
         for i, (text, seg) in enumerate(zip(pieces, ids, strict=True)):
             node = parent.children.get(text)
             if node is None:
-                node = _Node(parent, text, seg, parent.end + len(seg),
+                node = _Node(parent, text, seg, wires[i], parent.end + len(seg),
                              digest=digests[i] if digests else b"",
                              stored=0 if remote[i] is None else 2)
                 node.size = sys.getsizeof(text) + _ID_BYTES * len(seg) + _NODE_BYTES

@@ -30,6 +30,8 @@ from workers.loopback_wire import (
     REQUEST,
     error_frame,
     final_frame,
+    ids_in_steps,
+    ids_part,
     parse_request,
     rejected_frame,
     send,
@@ -88,7 +90,8 @@ async def _read_request(reader: asyncio.StreamReader) -> WorkRequest:
     kind, length = FRAME_HEADER.unpack(await reader.readexactly(FRAME_HEADER.size))
     if kind != REQUEST or length > MAX_REQUEST_BYTES:
         raise ValueError(f"loopback call: frame {kind} of {length} bytes is no request")
-    return parse_request(await reader.readexactly(length))
+    payload = await reader.readexactly(length)
+    return parse_request(payload, await ids_in_steps(ids_part(payload)))
 
 
 async def _pump(writer: asyncio.StreamWriter, messages: AsyncIterator[WorkerMessage]) -> None:

@@ -21,6 +21,7 @@ from array import array
 from typing import Any
 
 from cache_service.events import AllBlocksCleared, BlockRemoved, BlockStored, CacheEvent
+from cache_service.hashing import U32Ids, token_bytes
 from workers.protocol import (
     CHUNK,
     FRAME_HEADER,
@@ -29,7 +30,6 @@ from workers.protocol import (
     SamplingParams,
     Usage,
     WorkRequest,
-    token_array,
 )
 
 CALL_KEY = "call"  # the handshake's first word for a call (a stream's slot keys are hex)
@@ -37,6 +37,7 @@ FINAL, REJECTED, ERROR, BUSY, REQUEST = 3, 4, 5, 6, 7
 KINDS = frozenset({CHUNK, FINAL, REJECTED, ERROR, BUSY})  # worker → router
 BUSY_FRAME = FRAME_HEADER.pack(BUSY, 0)
 MAX_REQUEST_BYTES = 64 << 20  # 16M token ids: far above any context window
+IDS_STEP = 16384  # token ids parsed per step of the replica's loop (``ids_in_steps``)
 _EVENTS = {"stored": BlockStored, "removed": BlockRemoved}
 
 
@@ -49,19 +50,31 @@ async def send(writer: asyncio.StreamWriter, data: bytes) -> None:
     await writer.drain()
 
 
-def _ids(values: Any) -> bytes:
-    out = token_array(values)
-    if sys.byteorder != "little":
-        out.byteswap()
-    return out.tobytes()
-
-
-def _from_ids(data: bytes | memoryview) -> list[int]:
+def _ints(data: bytes | memoryview) -> list[int]:
     out = array("I")
     out.frombytes(data)
     if sys.byteorder != "little":
         out.byteswap()
     return out.tolist()
+
+
+def _from_ids(data: bytes | memoryview) -> U32Ids:
+    ids = U32Ids(_ints(data))
+    ids.u32 = bytes(data)  # the engine's hashes slice it (``hashing.token_bytes``)
+    return ids
+
+
+async def ids_in_steps(data: bytes | memoryview) -> U32Ids:
+    """``_from_ids`` ``IDS_STEP`` ids at a time, yielding to the loop between: one
+    ``tolist`` of a 156k-id prompt held the replica's loop 6-10 ms, and every stream it
+    serves with it (session 13)."""
+    view, ids = memoryview(data), U32Ids()
+    for start in range(0, len(view), 4 * IDS_STEP):
+        if start:
+            await asyncio.sleep(0)
+        ids += _ints(view[start:start + 4 * IDS_STEP])
+    ids.u32 = bytes(view)
+    return ids
 
 
 def frame(kind: int, payload: bytes) -> bytes:
@@ -76,7 +89,7 @@ def request_frame(work: WorkRequest) -> bytes:
         "sampling": [s.max_tokens, s.temperature, s.top_p, list(s.stop), s.seed,
                      s.ignore_eos],
     }).encode()
-    return frame(REQUEST, len(head).to_bytes(4, "little") + head + _ids(work.token_ids))
+    return frame(REQUEST, len(head).to_bytes(4, "little") + head + token_bytes(work.token_ids))
 
 
 def _typed(value: Any, kinds: tuple[type, ...], name: str) -> Any:
@@ -93,11 +106,20 @@ def _number(value: Any, name: str, low: float = 0.0) -> float:
     return out
 
 
-def parse_request(payload: bytes) -> WorkRequest:
-    """The ``REQUEST`` frame's payload; ``ValueError`` if it is not one."""
+def ids_part(payload: bytes) -> memoryview:
+    """The token ids' bytes of a ``REQUEST`` frame's payload; ``ValueError`` if the
+    lengths are off."""
     n = int.from_bytes(payload[:4], "little")
     if len(payload) < 4 + n or (len(payload) - 4 - n) % 4:
         raise ValueError("loopback request: bad lengths")
+    return memoryview(payload)[4 + n:]
+
+
+def parse_request(payload: bytes, token_ids: list[int] | None = None) -> WorkRequest:
+    """The ``REQUEST`` frame's payload; ``ValueError`` if it is not one. ``token_ids``:
+    its ids, already parsed (``ids_in_steps``)."""
+    ids = ids_part(payload)
+    n = len(payload) - len(ids) - 4
     head = json.loads(payload[4:4 + n])
     if not isinstance(head, dict):
         raise ValueError("loopback request: bad header")
@@ -112,7 +134,7 @@ def parse_request(payload: bytes) -> WorkRequest:
     stop = tuple(_typed(x, (str,), "stop") for x in _typed(stop, (list,), "stop"))
     return WorkRequest(
         request_id=_typed(head.get("request_id"), (str,), "request_id"),
-        token_ids=_from_ids(memoryview(payload)[4 + n:]),
+        token_ids=_from_ids(ids) if token_ids is None else token_ids,
         sampling=SamplingParams(int(_number(_typed(mt, (int,), "max_tokens"), "max_tokens", 1)),
                                 _number(temp, "temperature"), _number(top_p, "top_p"), stop,
                                 _typed(seed, (int, type(None)), "seed"),

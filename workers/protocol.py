@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import sys
 import time
 from array import array
 from collections.abc import AsyncIterator, Sequence
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field, fields
 from typing import ClassVar, Protocol, runtime_checkable
 
 from cache_service.events import CacheEvent
+from cache_service.hashing import token_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,11 +323,15 @@ _COUNT = struct.Struct("<I")
 END_FRAME = FRAME_HEADER.pack(END, 0)
 
 
-def token_array(ids: Sequence[int]) -> array:
-    """Token ids as u32 (every id is below 2**32: the wire's width). ``array()`` converts an
-    exact list in C, anything else (the router's ``TokenIds``, a list subclass) item by
-    item: 5.5 vs 1.7 ms with the copy for 155k ids, on every request."""
-    return array("I", ids if type(ids) is list else list(ids))
+def token_array(ids: Sequence[int], n_tokens: int | None = None) -> array:
+    """Token ids ``[:n_tokens]`` as u32 (every id is below 2**32: the wire's width), by way of
+    ``hashing.token_bytes``: a copy of the bytes the router's ids carry (155k ids: 0.1 ms),
+    else ``array()`` on a slice of the list (2 ms)."""
+    out = array("I")
+    out.frombytes(token_bytes(ids, n_tokens))
+    if sys.byteorder != "little":  # pragma: no cover
+        out.byteswap()
+    return out
 
 
 def chunk_frame(text: str, token_ids: tuple[int, ...]) -> bytes:

@@ -31,7 +31,13 @@ import numpy as np
 import xxhash
 
 from cache_service.events import CacheEvent
-from cache_service.hashing import DEFAULT_BLOCK_SIZE, block_hashes, model_salt, tenant_salt
+from cache_service.hashing import (
+    DEFAULT_BLOCK_SIZE,
+    block_hashes,
+    model_salt,
+    tenant_salt,
+    token_bytes,
+)
 from workers.protocol import (
     EngineError,
     Finished,
@@ -114,7 +120,8 @@ class SimEngine:
             raise EngineError("empty prompt")
         if rid in self._streams:
             raise EngineError(f"request {rid!r} is already running")
-        ids = np.asarray(request.token_ids, dtype="<u4")
+        # by way of u32 bytes: np.asarray on a list of 155k ints takes 5.7 ms of the loop, this 2.2
+        ids = np.frombuffer(token_bytes(request.token_ids), dtype="<u4")
         reply = self._script.reply_for(request.token_ids) if self._script else None
         hashes = block_hashes(ids, self.params.block_size,
                               tenant_salt(self._salt, request.cache_salt))

@@ -223,6 +223,9 @@ class VllmEngine:
         )
 
     def _prompt(self, token_ids: list[int], cache_salt: str | None = None) -> Any:
+        # vLLM serializes the prompt to its engine core; give it the plain list it expects
+        # (the loopback wire's ids are a list subclass that carries its bytes)
+        token_ids = token_ids if type(token_ids) is list else list(token_ids)
         try:
             from vllm.inputs.engine import tokens_input
         except ImportError:  # older/newer layouts: a TokensPrompt is rendered by vLLM

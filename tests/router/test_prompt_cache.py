@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cache_service.hashing import block_hashes
+from cache_service.hashing import block_hashes, token_bytes
 from ops.bench.workloads import AgentParams, AgentWorkload, flatten
 from router.prompt_cache import IncrementalEncoder, PromptCacheConfig, TokenIds, boundary_tokens
 from router.tokenization import ChatTokenizer
@@ -36,10 +36,12 @@ messages = st.lists(st.fixed_dictionaries({"role": roles, "content": texts}), mi
 
 
 def check(tok: ChatTokenizer, text: str) -> list[int]:
-    """The cached encode equals whole-text tokenization; so do the block hashes."""
+    """The cached encode equals whole-text tokenization; so do its wire bytes (``u32``,
+    joined from the cached segments') and the block hashes."""
     ids = tok.encode(text)
     full = tok.encode_full(text)
     assert ids == full, text
+    assert isinstance(ids, TokenIds) and ids.u32 == token_bytes(list(full)), text
     assert block_hashes(ids, 64, SALT) == block_hashes(list(full), 64, SALT)
     assert block_hashes(ids, 16, SALT) == block_hashes(list(full), 16, SALT)
     COUNT["checks"] += 1

@@ -15,11 +15,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cache_service.events import AllBlocksCleared, BlockRemoved, BlockStored
+from cache_service.hashing import U32Ids, token_bytes
 from workers.loopback_wire import (
     FINAL,
+    IDS_STEP,
     REJECTED,
     REQUEST,
     final_frame,
+    ids_in_steps,
+    ids_part,
     parse_final,
     parse_rejected,
     parse_request,
@@ -59,7 +63,41 @@ def test_a_request_round_trips(rid: str, token_ids: list[int], mt: int, temp: fl
     work = WorkRequest(rid, token_ids, SamplingParams(mt, temp, top_p, tuple(stop), seed,
                                                       ignore_eos),
                        trace, salt, lease, None, background)
-    assert parse_request(payload(request_frame(work), REQUEST)) == work
+    got = parse_request(payload(request_frame(work), REQUEST))
+    assert got == work
+    assert got.token_ids.u32 == token_bytes(token_ids)  # what the engine's hashes slice
+
+
+def test_a_long_prompts_ids_are_parsed_in_steps_and_carry_their_bytes() -> None:
+    token_ids = [(i * 2654435761) % 2**32 for i in range(3 * IDS_STEP + 5)]
+    sent = TokenIdsLike(token_ids)
+    sent.u32 = token_bytes(token_ids)  # the router's ids go out as their bytes
+    work = WorkRequest("r", sent, SamplingParams(max_tokens=1))
+    body = payload(request_frame(work), REQUEST)
+    turns = 0
+
+    async def count_turns() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    async def scenario() -> WorkRequest:
+        ticker = asyncio.create_task(count_turns())
+        await asyncio.sleep(0)
+        try:
+            return parse_request(body, await ids_in_steps(ids_part(body)))
+        finally:
+            ticker.cancel()
+
+    got = asyncio.run(scenario())
+    assert got == parse_request(body) and got.token_ids == token_ids
+    assert type(got.token_ids) is U32Ids and got.token_ids.u32 == token_bytes(token_ids)
+    assert turns >= 4  # the loop ran other tasks between the 4 steps
+
+
+class TokenIdsLike(U32Ids):
+    """The router's ``TokenIds``: its ``u32`` is what goes on the wire."""
 
 
 def _head(**over: object) -> bytes:
