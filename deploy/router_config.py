@@ -66,6 +66,11 @@ class PromptCacheConfig(Strict):
     offload: bool = Field(True, description="Render and tokenize in a thread pool, off the "
                           "event loop, so a long cold prompt never stalls other streams.")
     threads: int = Field(2, ge=1, le=64, description="Threads of that pool.")
+    switch_interval_ms: float = Field(
+        1.0, gt=0, le=100, description="The router replica's thread switch interval "
+        "(Python's sys.setswitchinterval; its default is 5 ms), set when the pool starts. The "
+        "pool's threads hold the GIL in short steps, and the event loop, which serves every "
+        "stream, gets it back within this interval.")
     redis: bool | None = Field(
         None, description="A second level shared by all router replicas: token ids of "
         "prompt prefixes in index.redis_url, so a session new to a replica (a restart, "

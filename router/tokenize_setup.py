@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -66,13 +67,18 @@ _POOL: ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
 
 
-def tokenize_pool(threads: int) -> ThreadPoolExecutor:
+def tokenize_pool(config: PromptCacheConfig) -> ThreadPoolExecutor:
     """The process's bounded pool for rendering, tokenizing and hashing prompts (the
-    ``tokenizers`` library releases the GIL while it encodes)."""
+    ``tokenizers`` library releases the GIL while it encodes). Python work on a prompt's
+    ids holds the GIL, so the process's switch interval drops to ``switch_interval_ms``:
+    at the default 5 ms the event loop waited that long each time it wanted the GIL back,
+    and a cold 156k-token prompt stalled every stream on the router (session 13)."""
     global _POOL
     with _POOL_LOCK:
         if _POOL is None:
-            _POOL = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kvroute-tok")
+            sys.setswitchinterval(config.switch_interval_ms / 1e3)
+            _POOL = ThreadPoolExecutor(max_workers=config.threads,
+                                       thread_name_prefix="kvroute-tok")
         return _POOL
 
 
@@ -81,4 +87,4 @@ async def off_loop(config: PromptCacheConfig, fn: Callable[..., T], *args: Any) 
     if not config.offload:
         return fn(*args)
     return await asyncio.get_running_loop().run_in_executor(
-        tokenize_pool(config.threads), fn, *args)
+        tokenize_pool(config), fn, *args)
