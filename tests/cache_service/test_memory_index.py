@@ -65,3 +65,23 @@ async def test_rejects_unknown_event() -> None:
     index = MemoryPrefixIndex()
     with pytest.raises(TypeError):
         await index.apply_events(["nope"])  # type: ignore[list-item]
+
+
+async def test_a_long_routed_write_lets_the_loop_run_between_steps() -> None:
+    """2,000 blocks (a 128k-token prompt) go in steps: another task runs, and a lookup made
+    meanwhile sees a leading run of them; once done, all of them."""
+    import asyncio
+
+    index = MemoryPrefixIndex()
+    h = block_hashes(list(range(64 * 2000)))
+    seen: list[dict[str, int]] = []
+
+    async def meanwhile() -> None:
+        await asyncio.sleep(0)
+        seen.append((await index.lookup({"m": h}))["m"])
+
+    other = asyncio.create_task(meanwhile())
+    await index.record_routed("m", "a", h)
+    await other
+    assert seen and 0 < seen[0]["a"] < 2000
+    assert (await index.lookup({"m": h}))["m"] == {"a": 2000}
