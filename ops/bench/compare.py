@@ -89,6 +89,9 @@ class CompareSpec:
     pause_s: float = 5.0  # idle time between runs
     sglang_args: tuple[str, ...] = ()  # extra sglang-router flags (cache_aware run only)
     event_block_size: int = 16  # the replicas' vLLM-format KV events (vllm-router kv_aware)
+    # sim replicas publish those events (EXACT_PEERS route from them); a bench without
+    # those peers turns them off: encoding them is work on the replica's loop
+    peer_kv_events: bool = True
     trace: str | None = None  # a Mooncake trace: replayed as token ids instead of agent
     vocab_size: int = 4096  # trace: token ids below this
     max_context: int | None = None  # trace: leave out longer requests
@@ -108,7 +111,7 @@ def build_config(spec: CompareSpec, model_path: str, port: int) -> Any:
         num_replicas=spec.replicas, num_cpus=0.5, engine_kwargs=kwargs, direct_http=True,
         context_window=spec.context_window, max_ongoing_requests=spec.max_ongoing_requests,
         vllm_kv_events=VllmKvEvents(block_size=spec.event_block_size)
-        if spec.engine == "sim" else None, **pacing,
+        if spec.engine == "sim" and spec.peer_kv_events else None, **pacing,
     )
     return KvrouteConfig(models=[model], server=ServerConfig(host="127.0.0.1", port=port,
                                                             ingress=spec.ingress))

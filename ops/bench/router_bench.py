@@ -252,6 +252,14 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ[k] = v
 
 
+def bench_stack(spec: RouterBenchSpec, ingress: str = "auto") -> CompareSpec:
+    """One router replica over one sim replica. No peer router runs here, so the replica
+    publishes no vLLM-format KV events: encoding them for a cold 156k-token prompt took
+    ~30 ms of its loop (session 13), which no kvroute deployment pays."""
+    return CompareSpec(engine="sim", replicas=1, sim=dict(spec.sim), ingress=ingress,
+                       context_window=max(262144, 2 * max(spec.lengths)), peer_kv_events=False)
+
+
 def run_mode(mode: str, spec: RouterBenchSpec, prompts: Prompts, model_path: str,
              show: bool) -> tuple[list[Sample], dict[str, float]]:
     """A fresh Ray whose processes inherit the mode's environment; one router, one sim."""
@@ -259,8 +267,7 @@ def run_mode(mode: str, spec: RouterBenchSpec, prompts: Prompts, model_path: str
 
     from deploy import runtime
 
-    stack = CompareSpec(engine="sim", replicas=1, sim=dict(spec.sim),
-                        context_window=max(262144, 2 * max(spec.lengths)))
+    stack = bench_stack(spec)
     with _environment(MODES[mode]):
         runtime.init_ray("127.0.0.1", num_cpus=4)
         try:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ops.bench import router_bench as rb
-from ops.bench.compare import CompareSpec, build_config, free_port
+from ops.bench.compare import build_config, free_port
 
 StallRun = Callable[[str, int], dict[str, float]]  # (ingress, round) -> stall figures
 
@@ -32,8 +32,7 @@ def one_round(model_path: str, prompts: rb.Prompts, spec: rb.RouterBenchSpec) ->
 
         from deploy import runtime
 
-        stack = CompareSpec(engine="sim", replicas=1, sim=dict(spec.sim), ingress=ingress,
-                            context_window=max(262144, 2 * max(spec.lengths)))
+        stack = rb.bench_stack(spec, ingress)
         with rb._environment(rb.MODES["after"]):  # noqa: SLF001
             runtime.init_ray("127.0.0.1", num_cpus=4)
             try:

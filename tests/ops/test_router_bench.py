@@ -11,6 +11,7 @@ from ops.bench.router_bench import (
     Prompts,
     RouterBenchSpec,
     Sample,
+    bench_stack,
     markdown,
     mode_bench,
     rows,
@@ -51,3 +52,12 @@ def test_rows_and_json() -> None:
     text = markdown({"table": table, "stall": {"after": {
         "unloaded_p99_s": 0.02, "cold_long_prompt_p99_s": 0.03, "cold_long_prompt_max_s": 0.05}}})
     assert "| repeat | 1,002 | before | 2 | 300.0 |" in text
+
+
+def test_the_bench_stack_runs_no_peers_event_encoder() -> None:
+    from ops.bench.compare import CompareSpec, build_config
+
+    spec = RouterBenchSpec(lengths=(1000, 160000))
+    model = build_config(bench_stack(spec, "proxy"), "/m", 0).models[0]
+    assert model.vllm_kv_events is None and model.context_window == 320000
+    assert build_config(CompareSpec(), "/m", 0).models[0].vllm_kv_events is not None
