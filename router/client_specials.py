@@ -54,6 +54,8 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from router.piece_encoding import encode_pieces
+
 __all__ = ["ESC", "ClientSpecials"]
 
 ESC = "\U000F0000"
@@ -160,10 +162,9 @@ class ClientSpecials:
         out: list[list[int]] = [[] for _ in pieces]
         plain = [i for i, p in enumerate(pieces) if ESC not in p]
         if plain:
-            batch = self._tok.encode_batch_fast([pieces[i] for i in plain],
-                                                add_special_tokens=False)
-            for i, enc in zip(plain, batch, strict=True):
-                out[i] = enc.ids
+            batch = encode_pieces(self._tok, [pieces[i] for i in plain])
+            for i, ids in zip(plain, batch, strict=True):
+                out[i] = ids
         for i, piece in enumerate(pieces):
             if ESC in piece:
                 out[i] = self._encode_marked(piece)
@@ -182,10 +183,10 @@ class ClientSpecials:
         texts = [p for p in parts if isinstance(p, str)]
         plain = [self.unescape(t) if ESC in t else t for t in texts]
         marked = [ESC in t for t in texts]
-        ids_plain = self._tok.encode_batch_fast(
-            [t for t, m in zip(plain, marked, strict=True) if not m], add_special_tokens=False)
-        ids_text = self._text_tok.encode_batch_fast(
-            [t for t, m in zip(plain, marked, strict=True) if m], add_special_tokens=False)
+        ids_plain = encode_pieces(
+            self._tok, [t for t, m in zip(plain, marked, strict=True) if not m])
+        ids_text = encode_pieces(
+            self._text_tok, [t for t, m in zip(plain, marked, strict=True) if m])
         plain_it, text_it = iter(ids_plain), iter(ids_text)
         out: list[int] = []
         flags = iter(marked)
@@ -193,7 +194,7 @@ class ClientSpecials:
             if isinstance(p, int):
                 out.append(p)
             else:
-                out.extend((next(text_it) if next(flags) else next(plain_it)).ids)
+                out.extend(next(text_it) if next(flags) else next(plain_it))
         return out
 
 

@@ -42,8 +42,9 @@ is not a boundary, and a tokenizer with no boundary is tokenized whole every tim
 
 Lookup: children are keyed by the segment's exact text (a dict: hash, then equality), so
 a template that rewrites an earlier turn (e.g. drops past reasoning) falls back at the
-first segment that differs. Whole new segments are encoded in one ``encode_batch_fast``
-call, which the ``tokenizers`` library runs in parallel with the GIL released.
+first segment that differs. Whole new segments are encoded in one batch
+(``router.piece_encoding``), which the ``tokenizers`` library runs in parallel with the
+GIL released.
 
 Second level (``router.token_store``, when ``index.redis_url`` is set): a long prompt whose
 uncached part is at least ``min_lookup_chars`` (16k) asks Redis for the segments that follow its
@@ -68,6 +69,7 @@ from tokenizers import Tokenizer
 from cache_service.hashing import U32Ids, token_bytes
 from deploy.config import PromptCacheConfig
 from router import token_store as ts
+from router.piece_encoding import encode_pieces
 
 __all__ = ["IncrementalEncoder", "PromptCacheConfig", "TokenIds", "boundary_tokens"]
 
@@ -319,7 +321,7 @@ class IncrementalEncoder:
         return out
 
     def _batch(self, pieces: list[str]) -> list[list[int]]:
-        return [e.ids for e in self._tok.encode_batch_fast(pieces, add_special_tokens=False)]
+        return encode_pieces(self._tok, pieces)
 
     def _publish(self, nodes: list[_Node]) -> None:
         """Queue the runs of ``nodes`` that Redis does not have yet (fire-and-forget)."""

@@ -27,6 +27,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
 from router.client_specials import ClientSpecials
+from router.piece_encoding import INLINE_CHARS
 from router.prompt_cache import IncrementalEncoder, PromptCacheConfig, boundary_tokens
 from router.tokenize_setup import TokenCache, off_loop, with_env
 from router.tool_parsers.mistral import ID_RULE, with_nine_char_ids
@@ -89,10 +90,6 @@ def resolve_model_dir(model_path: str) -> Path:
     from huggingface_hub import snapshot_download
 
     return Path(snapshot_download(model_path, allow_patterns=["*.json", "*.jinja", "*.txt"]))
-
-
-# Below this much text (~2k tokens, ~3 ms cold) a conversation is encoded on the event loop.
-INLINE_CHARS = 8192
 
 
 def _rough_chars(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> int:
