@@ -25,7 +25,7 @@ def with_env(config: PromptCacheConfig | None = None) -> PromptCacheConfig:
     """``config`` (default: the schema's defaults) with the environment's overrides, which
     benchmarks use to compare with the cache off: ``KVROUTE_PROMPT_CACHE=0``,
     ``KVROUTE_PROMPT_CACHE_MB``, ``KVROUTE_TOKENIZE_OFFLOAD=0``, ``KVROUTE_TOKENIZE_THREADS``,
-    ``KVROUTE_PROMPT_CACHE_REDIS=0|1``."""
+    ``KVROUTE_PROMPT_CACHE_REDIS=0|1``, ``KVROUTE_SWITCH_INTERVAL_MS``."""
     config = config or PromptCacheConfig()
     env, off = os.environ, ("0", "false", "off", "no")
     update: dict[str, Any] = {}
@@ -37,6 +37,8 @@ def with_env(config: PromptCacheConfig | None = None) -> PromptCacheConfig:
         update["offload"] = env["KVROUTE_TOKENIZE_OFFLOAD"].lower() not in off
     if "KVROUTE_TOKENIZE_THREADS" in env:
         update["threads"] = int(env["KVROUTE_TOKENIZE_THREADS"])
+    if "KVROUTE_SWITCH_INTERVAL_MS" in env:
+        update["switch_interval_ms"] = float(env["KVROUTE_SWITCH_INTERVAL_MS"])
     if "KVROUTE_PROMPT_CACHE_REDIS" in env:
         update["redis"] = env["KVROUTE_PROMPT_CACHE_REDIS"].lower() not in off
     return config.model_copy(update=update) if update else config

@@ -45,3 +45,5 @@ def test_env_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KVROUTE_TOKENIZE_THREADS", "3")
     got = with_env(PromptCacheConfig())
     assert (got.offload, got.threads, got.switch_interval_ms) == (False, 3, 1.0)
+    monkeypatch.setenv("KVROUTE_SWITCH_INTERVAL_MS", "5")
+    assert with_env(PromptCacheConfig()).switch_interval_ms == 5.0
