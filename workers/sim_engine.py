@@ -120,7 +120,8 @@ class SimEngine:
             raise EngineError("empty prompt")
         if rid in self._streams:
             raise EngineError(f"request {rid!r} is already running")
-        # by way of u32 bytes: np.asarray on a list of 155k ints takes 5.7 ms of the loop, this 2.2
+        # The wire's ids carry their u32 bytes (U32Ids): a view, no copy. np.asarray on a
+        # list of 155k ints took 5.7 ms of the loop (a plain list here: 2.2 ms).
         ids = np.frombuffer(token_bytes(request.token_ids), dtype="<u4")
         reply = self._script.reply_for(request.token_ids) if self._script else None
         hashes = block_hashes(ids, self.params.block_size,

@@ -10,7 +10,13 @@ import numpy as np
 import pytest
 import xxhash
 
-from cache_service.hashing import DEFAULT_BLOCK_SIZE, block_hashes, model_salt, token_bytes
+from cache_service.hashing import (
+    DEFAULT_BLOCK_SIZE,
+    U32Ids,
+    block_hashes,
+    model_salt,
+    token_bytes,
+)
 
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -102,21 +108,15 @@ def test_input_types_agree() -> None:
     assert block_hashes(np.array(tokens, dtype=">u4")) == expected  # byte order normalized
 
 
-class _Held(list[int]):
-    """Ids that carry their u32 bytes, as the router's ``TokenIds``."""
-
-    __slots__ = ("u32",)
-
-
-def test_held_bytes_are_sliced_and_a_stale_copy_is_ignored() -> None:
+def test_held_bytes_are_sliced_and_ignored_once_the_ids_grow() -> None:
     tokens = [3, 150_000, 0, 2**31] * 64
-    held = _Held(tokens)
+    held = U32Ids(tokens)
     held.u32 = token_bytes(tokens)
     assert bytes(token_bytes(held, 130, 2)) == token_bytes(tokens[2:130])
     assert block_hashes(held, 16) == block_hashes(tokens, 16)
     held.append(7)  # grown after its bytes were taken: they no longer describe it
     assert token_bytes(held) == token_bytes([*tokens, 7])
-    stale = _Held(tokens)
+    stale = U32Ids(tokens)
     stale.u32 = token_bytes([9] * len(tokens))  # a wrong memo of the right size is used:
     assert block_hashes(stale) != block_hashes(tokens)  # so only the prompt cache sets it
 
