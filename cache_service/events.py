@@ -8,7 +8,7 @@ size, not the engine's), so the router and the workers talk about the same block
 * ``AllBlocksCleared``: the replica dropped its whole cache, every tier (restart, reset, reload).
 
 ``tier`` is where the KV sits: ``device`` (accelerator memory: a hit is free), ``host`` (CPU
-memory) or ``disk``: a hit there costs a reload the router prices (``router.estimates``). An
+memory) or ``disk``: a hit there costs a reload the router prices (``router.routing.estimates``). An
 event without a tier (older workers) means ``device``. A block may be held in several tiers
 at once (vLLM's CPU offloading keeps copies); the index keeps the set per (block, replica).
 

@@ -45,7 +45,7 @@ from typing import Any, Protocol
 import numpy as np
 import xxhash
 
-from deploy.index_config import DEFAULT_BLOCK_SIZE  # the config owns the default
+from deploy.config.index import DEFAULT_BLOCK_SIZE  # the config owns the default
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE", "HASH_MASK", "HashMemo", "block_hashes", "model_salt", "tenant_salt",
@@ -79,7 +79,7 @@ def tenant_salt(salt: int, cache_salt: str | None) -> int:
 
 
 class HashMemo(Protocol):
-    """Chained hashes already known for a prefix of a prompt (``router.prompt_cache``):
+    """Chained hashes already known for a prefix of a prompt (``router.prompt.cache``):
     ``known`` returns the hashes of its leading full blocks, ``learn`` is told the whole
     list once computed. Chained hashes are a prefix property, so the prompt's hashes are
     ``known`` followed by the chain continued from ``known[-1]``."""

@@ -44,7 +44,7 @@ the engine simply recomputes the missing blocks. Holes in the first 8 blocks (51
 block size 64) are seen exactly, as by ``MemoryPrefixIndex`` (which walks every block): the
 parity suite keeps its hole cases within them.
 
-Measured (``ops/bench_index.py``, docs/prefix-index.md): the previous linear walk read one field per
+Measured (``ops/bench/index.py``, docs/prefix-index.md): the previous linear walk read one field per
 matched (block, replica): 1.2 ms inside Redis for 16 replicas matching 32..512 blocks of one
 prompt, 0.7 ms on average over the bench mix (0.12 ms now). A matching replica now costs 1 + 7
 + ~9 field reads, ~1 us each in a big HASH (cache misses); galloping (probes 1, 2, 4, ... past
@@ -61,7 +61,7 @@ because ``ZMSCORE`` formats doubles: ~3x slower per probe, and ~50% more memory.
 (``record_routed``, a batch of events) are one script call too.
 
 Memory: 72-92 bytes per (block, replica) entry once a replica's HASH exceeds 128 entries
-(hashtable encoding; INFO used_memory, ``ops/bench_index.py``), ~71 MiB per million entries at
+(hashtable encoding; INFO used_memory, ``ops/bench/index.py``), ~71 MiB per million entries at
 16 replicas x 6k entries; see docs/prefix-index.md.
 
 Every command runs with ``socket_timeout = socket_connect_timeout = timeout_s`` and no

@@ -14,8 +14,8 @@ import re
 import sys
 from collections.abc import Sequence
 
-from deploy.auth_config import NAME_PATTERN
-from router.auth import generate_key
+from deploy.config.auth import NAME_PATTERN
+from router.auth.keys import generate_key
 
 
 def _new_args(p: argparse.ArgumentParser) -> None:
@@ -59,7 +59,8 @@ def cmd_new(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m router.auth ARGS`` (and ``python -m ops.keys ARGS``) = ``kvroute keys new``."""
+    """``python -m router.auth ARGS`` (and ``python -m ops.keys ARGS``) = ``kvroute keys
+    new``."""
     p = argparse.ArgumentParser(prog="kvroute keys new", description=render.__doc__)
     _new_args(p)
     return cmd_new(p.parse_args(argv))

@@ -2,7 +2,7 @@
 
 Reads a running kvroute over HTTP only (``GET /health`` and ``GET /metrics``), so it
 works from any machine that can reach the Serve proxy. ``/metrics`` is already the
-merge of every router replica (``router.metrics_hub``), so the numbers cover the
+merge of every router replica (``router.app.metrics_hub``), so the numbers cover the
 whole deployment. Counters and histograms are cumulative since the routers started;
 quantiles are estimated from the histogram buckets the way Prometheus'
 ``histogram_quantile`` does (linear interpolation inside a bucket).

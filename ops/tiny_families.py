@@ -3,7 +3,7 @@
 Each family names its public chat template (``ops/chat_templates``, sources and licences in
 its README) and the special tokens that template and kvroute's parsers for it use, so the
 tiny tokenizer encodes each marker as one id, as the real model's does. The strings are
-copied from each template and ``router/tool_parsers`` / ``router/reasoning_parsers``.
+copied from each template and ``router/output/tool_parsers`` / ``router/output/reasoning_parsers``.
 """
 
 from __future__ import annotations

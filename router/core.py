@@ -1,4 +1,4 @@
-"""Route one tokenized request: index lookup → pipeline → dispatch (``router.dispatch``).
+"""Route one tokenized request: index lookup → pipeline → dispatch (``router.dispatch.dispatch``).
 
 ``RouterCore`` is API-agnostic: the OpenAI and Anthropic front ends both hand it
 token ids and get back a ``Generation`` that already holds the first message
@@ -24,27 +24,27 @@ from cache_service.hashing import block_hashes, model_salt, tenant_salt
 from cache_service.index import PrefixIndex
 from deploy.config import KvrouteConfig, ModelConfig
 from router import metrics, telemetry
-from router.admission import AdmissionGate, own_prefill_s
-from router.auth import ApiKeyConfig, Authenticator
-from router.context import Candidate, RequestContext
-from router.decision import Decider
-from router.dispatch import Dispatcher, Started
+from router.auth.keys import ApiKeyConfig, Authenticator
+from router.auth.ratelimit import RateLimiter, store_url
+from router.dispatch.dispatch import Dispatcher, Started
+from router.dispatch.generation import Generation
+from router.dispatch.loopback_stream import Loopback
 from router.errors import ApiError
-from router.generation import Generation
-from router.leases import SessionGaps, session_kind
-from router.load import LoadTracker
-from router.loopback_stream import Loopback
-from router.prewarm import Prewarmer, serve_sender
-from router.ratelimit import RateLimiter, store_url
-from router.selection import (
+from router.prompt.setup import with_redis
+from router.prompt.tokenizer import ChatTokenizer
+from router.routing.admission import AdmissionGate, own_prefill_s
+from router.routing.context import Candidate, RequestContext
+from router.routing.decision import Decider
+from router.routing.leases import SessionGaps, session_kind
+from router.routing.load import LoadTracker
+from router.routing.prewarm import Prewarmer, serve_sender
+from router.routing.selection import (
     RouteRequest,
     check_shared_tokenizers,
     fingerprint,
     request_context,
 )
-from router.tokenization import ChatTokenizer
-from router.tokenize_setup import with_redis
-from router.views import replica_view
+from router.routing.views import replica_view
 from workers.protocol import Final, SamplingParams, Usage, WorkerMessage, WorkRequest
 
 log = logging.getLogger(__name__)
@@ -199,7 +199,7 @@ class RouterCore:
                     info: telemetry.RequestInfo) -> None:
         """A session's turn ended (its whole reply went out): a final answer's pause is
         longer than the tool pause its request was leased for, so renew the lease on its
-        replica with a prefill-only request of prompt + reply (``router.leases``)."""
+        replica with a prefill-only request of prompt + reply (``router.routing.leases``)."""
         req = gen.request
         if gen.final is None or req is None or not req.session_id:
             return
@@ -245,7 +245,7 @@ class RouterCore:
                                                  self._sticky(req.session_id))
             span.set_attribute("kvroute.blocks", len(next(iter(hashes.values()))))
         metrics.LOOKUP.observe(time.perf_counter() - started)
-        for m in weights:  # what pre-warm sends new replicas (router.prewarm)
+        for m in weights:  # what pre-warm sends new replicas (router.routing.prewarm)
             self.prewarm.observe(m, req.tenant, req.token_ids, hashes[m], match.get(m, {}))
         cands = await self._all_candidates(weights, match)
         return request_context(self.config, req, weights, hashes, cands, sticky,

@@ -1,6 +1,6 @@
 """The router's Prometheus metrics (names fixed by docs/architecture.md#contracts).
 
-Each router replica records into its own registry; ``router.metrics_hub``
+Each router replica records into its own registry; ``router.app.metrics_hub``
 merges every replica's samples so ``GET /metrics`` on any replica covers all.
 """
 
@@ -52,7 +52,7 @@ INDEX_ERRORS = Counter("kvroute_index_errors", "Prefix index calls that failed",
 RETRIES = Counter("kvroute_retries", "Dispatches retried on another replica", ["model"],
                   registry=REGISTRY)
 LEASE_RENEWALS = Counter("kvroute_lease_renewals", "Final answers whose session KV was "
-                         "leased again for the user's pause (router.leases)", ["model"],
+                         "leased again for the user's pause (router.routing.leases)", ["model"],
                          registry=REGISTRY)
 PREWARM = Counter("kvroute_prewarm_requests", "Prefill-only requests sent to warm new "
                   "replicas, by outcome (ok, failed)", ["model", "outcome"], registry=REGISTRY)

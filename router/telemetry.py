@@ -44,7 +44,7 @@ class RequestInfo:
     replica: str = ""
     request_id: str = ""
     tool_calls: int = 0  # tool calls in the reply (the API layers count them)
-    on_end: Callable[[RequestInfo], None] | None = None  # a turn's end (router.leases)
+    on_end: Callable[[RequestInfo], None] | None = None  # a turn's end (router.routing.leases)
 
 
 CURRENT: contextvars.ContextVar[RequestInfo | None] = contextvars.ContextVar(

@@ -37,7 +37,7 @@ def serve_port() -> int:
 
 @pytest.fixture(scope="session")
 def ray_local() -> Iterator[None]:
-    from deploy import runtime
+    from deploy.serve import runtime
 
     runtime.init_ray("127.0.0.1", num_cpus=8)
     yield

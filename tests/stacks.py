@@ -51,7 +51,7 @@ def deployed(cfg: KvrouteConfig, timeout_s: float = 120.0) -> Iterator[str]:
     """Deploy ``cfg`` on the running Ray, wait until healthy, yield its URL; then delete it."""
     from ray import serve
 
-    from deploy import runtime
+    from deploy.serve import runtime
 
     if cfg.server.ingress == "proxy":  # on the port Serve's proxy holds this session
         cfg = cfg.model_copy(update={"server": cfg.server.model_copy(
@@ -72,7 +72,7 @@ def proxy_port() -> int:
     direct) listen on the session's ``serve_port``, which the proxy never takes."""
     from ray import serve
 
-    from deploy import runtime
+    from deploy.serve import runtime
     from tests.conftest import free_port
 
     port = runtime.proxy_port()
@@ -85,13 +85,13 @@ def proxy_port() -> int:
 def counter(url: str, name: str) -> float:
     """A counter's total over all its label sets, from the stack's merged ``/metrics``.
 
-    ``/metrics`` is a snapshot up to ``CACHE_S`` old (``router.metrics_hub.MetricsCache``):
+    ``/metrics`` is a snapshot up to ``CACHE_S`` old (``router.app.metrics_hub.MetricsCache``):
     waiting that long first makes the figure include everything done before the call."""
     import time
 
     import httpx
 
-    from router.metrics_hub import CACHE_S
+    from router.app.metrics_hub import CACHE_S
 
     time.sleep(CACHE_S + 0.1)
     text = httpx.get(f"{url}/metrics", timeout=10).text

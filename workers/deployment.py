@@ -1,7 +1,7 @@
 """The worker deployment: one Serve deployment per model, one engine per replica.
 
 A thin shim over ``workers.protocol.Engine``. The router calls ``generate`` with a
-``WorkRequest`` and a ranked replica hint (read by ``router.request_router``); the
+``WorkRequest`` and a ranked replica hint (read by ``router.dispatch.request_router``); the
 stream yields ``WorkerMessage``s: ``Chunk``s, then one ``Final`` with usage measured
 by the engine (and, with the memory index, the replica's cache events), or a
 ``Rejected`` first message for input the engine refuses.
@@ -23,7 +23,7 @@ from cache_service import index_from_config
 from deploy.config import IndexConfig, ModelConfig
 from deploy.tracing import setup_tracing, shutdown_tracing
 from workers.engines import make_engine
-from workers.loopback import LoopbackServer
+from workers.engines.sim.engine import SimEngine
 from workers.protocol import (
     AutoscalingStats,
     BackgroundWork,
@@ -39,18 +39,19 @@ from workers.protocol import (
     WorkRequest,
 )
 from workers.publisher import IndexPublisher
-from workers.sim_engine import SimEngine
 from workers.spans import GenerationSpans
-from workers.stream_pacing import paced
+from workers.transport.loopback import LoopbackServer
+from workers.transport.stream_pacing import paced
 
 if TYPE_CHECKING:
-    from workers.vllm_events import VllmEventPublisher
+    from workers.engines.sim.vllm_wire import VllmEventPublisher
 
 log = logging.getLogger(__name__)
 
 
 class DirectEndpoint(Protocol):
-    """A replica's own HTTP endpoint (``router.direct_http.DirectHttp``, benchmark only).
+    """A replica's own HTTP endpoint (``router.app.replica_endpoint.DirectHttp``, benchmark
+    only).
 
     The builder hands its class to the worker, so ``workers`` never imports ``router``."""
 
@@ -69,7 +70,7 @@ DRAIN_S = 20.0  # how long a stopping replica lets its loopback calls finish
 
 
 class LoopbackCalls:
-    """This replica's loopback calls (``workers.loopback_call.CallTarget``): they and
+    """This replica's loopback calls (``workers.transport.loopback_call.CallTarget``): they and
     Serve's calls share ``max_ongoing_requests``; none is taken once it is stopping."""
 
     def __init__(self, worker: ModelWorker, replica: str, limit: int) -> None:
@@ -144,7 +145,7 @@ class ModelWorker:
         opts = self._cfg.vllm_kv_events
         if opts is None or not isinstance(self._engine, SimEngine):
             return None
-        from workers.vllm_events import VllmEventPublisher
+        from workers.engines.sim.vllm_wire import VllmEventPublisher
 
         pub = VllmEventPublisher(block_size, opts.block_size)
         self._engine.set_event_tap(pub)
@@ -205,7 +206,7 @@ class ModelWorker:
                      items: AsyncIterator[TokenChunk | Finished | Rejected]
                      ) -> AsyncIterator[Handoff | Final]:
         """The first chunk as a ``Handoff``, the next ones over the router's loopback
-        connection (``workers.loopback``), then the ``Final`` here on the Serve stream."""
+        connection (``workers.transport.loopback``), then the ``Final`` here on the Serve stream."""
         key = loopback.open()
         self._handoffs += 1
         try:
@@ -254,7 +255,7 @@ class ModelWorker:
         return await self.load()
 
     async def record_autoscaling_stats(self) -> dict[str, float]:
-        """Serve's custom autoscaling metrics (read by ``deploy.autoscale_policy``)."""
+        """Serve's custom autoscaling metrics (read by ``deploy.autoscale.policy``)."""
         return AutoscalingStats.from_load(self._engine.load(), self._started,
                                           self._background).to_serve()
 

@@ -82,7 +82,7 @@ class LoadStats:
     ``prefill_tok_s`` the engine's own known prefill rate (0: unknown, the sim's is its
     parameter). ``remaining_prefill_exact`` says it is exactly the uncached tokens still to
     prefill, the rest of the running prefill included: the router then trusts it over its
-    own estimate (``router.context.build_candidate``). The cumulative counters (uncached
+    own estimate (``router.routing.context.build_candidate``). The cumulative counters (uncached
     tokens prefilled, seconds spent prefilling; 0 = not reported) let the router learn
     the replica's prefill rate. ``taken_at`` is wall-clock time, comparable across hosts.
     ``reload_cost`` (0 = no slower tier): the time to bring one token's KV back from the
@@ -108,7 +108,7 @@ class LoadStats:
         return self.prefill_tok_s if self.prefill_tok_s > 0 else FALLBACK_PREFILL_TOK_S
 
     def routing_stats(self) -> dict[str, float]:
-        """The routing-stats keys the router reads (``router.context.build_candidate``)."""
+        """The routing-stats keys the router reads (``router.routing.context.build_candidate``)."""
         out: dict[str, float] = {
             "ongoing_requests": self.ongoing_requests,
             "queued_prefill_tokens": self.queued_prefill_tokens,
@@ -165,7 +165,7 @@ class BackgroundWork:
 @dataclass(frozen=True, slots=True)
 class AutoscalingStats:
     """What a worker reports to Serve's autoscaler (``record_autoscaling_stats``), read by
-    the kvroute policy (``deploy.autoscale_policy``). Serve carries a flat
+    the kvroute policy (``deploy.autoscale.policy``). Serve carries a flat
     ``dict[str, float]`` per replica; the key names live here only.
 
     ``backlog_s``: seconds of prefill still to do (exact on sim and mlx, an upper bound on
@@ -238,10 +238,10 @@ class WorkRequest:
     """Router → worker: one generation. ``trace``: the W3C carrier of the router's span.
     ``cache_salt``: the tenant when ``index.tenant_isolation`` is on; the engine keeps and
     hashes its KV per salt, so tenants never share a cached prefix. ``lease_s``: keep this
-    request's KV for that long after it ends, before unleased KV goes (``router.leases``;
+    request's KV for that long after it ends, before unleased KV goes (``router.routing.leases``;
     engines without leases ignore it). ``loopback_node``: set by a router with
     ``router.stream_transport: loopback``; a replica on that node answers with a
-    ``Handoff`` and sends the chunks over its loopback socket (``workers.loopback``).
+    ``Handoff`` and sends the chunks over its loopback socket (``workers.transport.loopback``).
 ``background``: kept out of the autoscaling stats (``AutoscalingStats.from_load``)."""
 
     request_id: str
@@ -291,7 +291,7 @@ WorkerMessage = Chunk | Final | Rejected
 class Handoff:
     """Worker → router on the Serve stream, in place of the first ``Chunk`` (``first``):
     the next chunks come over the replica's loopback socket at ``address`` once the
-    router presents ``key`` (``workers.loopback``); the ``Final`` (or the error) still
+    router presents ``key`` (``workers.transport.loopback``); the ``Final`` (or the error) still
     comes over the Serve stream, after them."""
 
     replica: str
@@ -314,7 +314,7 @@ def take_ready(first: object, queue: asyncio.Queue) -> list:  # type: ignore[typ
     return items
 
 
-# The loopback stream's frames (worker → router, ``workers.loopback``):
+# The loopback stream's frames (worker → router, ``workers.transport.loopback``):
 # ``<kind:u8><length:u32 LE><payload>``. ``CHUNK``: ``<n:u32 LE>``, n token ids as u32 LE,
 # then the text as UTF-8; ``END``: empty (the ``Final`` follows on the Serve stream).
 CHUNK, END = 1, 2

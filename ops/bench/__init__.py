@@ -2,6 +2,6 @@
 
 ``workloads`` (trace and agent generators), ``client`` (the async load generator),
 ``report`` (bench JSON, tables, plots), ``compare`` (kvroute vs other routers over
-the same replicas), ``cli`` (``add_parser`` for ``deploy.cli``). Also runnable as
+the same replicas), ``cli`` (``add_parser`` for ``deploy.cli.main``). Also runnable as
 ``python -m ops.bench ...`` (the same arguments as ``kvroute bench ...``).
 """

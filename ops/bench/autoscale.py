@@ -66,7 +66,7 @@ class AutoscaleSpec:
         "kv_blocks": 2048})
     seed: int = 0
     port: int = 0
-    prewarm: bool = True  # router.prewarm: new replicas get the hottest prefixes first
+    prewarm: bool = True  # router.routing.prewarm: new replicas get the hottest prefixes first
     # short agent prompts on a slow emulated prefill: the replicas' prefill, not the router's
     # tokenizing on a shared 2-core machine, sets the TTFT
     agent: AgentParams = field(default_factory=lambda: AgentParams(
@@ -128,7 +128,7 @@ def build_config(spec: AutoscaleSpec, model_path: str, redis_url: str, port: int
         RouterConfig,
         ServerConfig,
     )
-    from deploy.router_config import PrewarmConfig
+    from deploy.config.router import PrewarmConfig
 
     scaling = AutoscalingConfig(
         policy=spec.policy,  # type: ignore[arg-type]
@@ -181,7 +181,7 @@ async def _measure(spec: AutoscaleSpec, url: str, redis_url: str,
     from cache_service import RedisPrefixIndex
     from cache_service import settings_of as index_settings
     from deploy.config import IndexConfig
-    from deploy.runtime import APP_NAME
+    from deploy.serve.runtime import APP_NAME
     from ops.bench.autoscale_watch import Watch
 
     index = RedisPrefixIndex(redis_url, index_settings(IndexConfig(redis_url=redis_url)), 2.0)
@@ -205,7 +205,7 @@ def _start_ray(num_cpus: int, tries: int = 3) -> None:
     30 s registration window (a failed start leaves no process behind)."""
     import ray
 
-    from deploy import runtime
+    from deploy.serve import runtime
 
     for attempt in range(tries):
         try:
@@ -227,7 +227,7 @@ def run_autoscale(specs: list[AutoscaleSpec], show: bool = True,
     import redis
     from ray import serve
 
-    from deploy import runtime
+    from deploy.serve import runtime
     from ops.bench.compare import free_port
     from ops.tiny_model import ensure_model
 

@@ -47,7 +47,7 @@ def add_arguments(a: argparse.ArgumentParser) -> None:
     a.add_argument("--startup", type=float, default=d.startup_s,
                    help="kvroute policy: a new replica's start-up time until one is measured")
     a.add_argument("--seed", type=int, default=d.seed)
-    a.add_argument("--prewarm", default="on", help="router.prewarm for new replicas: on, "
+    a.add_argument("--prewarm", default="on", help="router.routing.prewarm for new replicas: on, "
                    "off, or on,off (each policy run once with and once without)")
     a.add_argument("--agent", action="append", default=[], metavar="KEY=VALUE",
                    help="override an AgentParams field (ops.bench.workloads), repeatable")

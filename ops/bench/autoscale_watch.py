@@ -92,7 +92,7 @@ class Watch:
     async def _replica_loop(self) -> None:
         import psutil
 
-        from deploy.console import serve_replica_states
+        from deploy.cli.console import serve_replica_states
 
         psutil.cpu_percent(None)  # the first call only starts the interval
         while True:

@@ -7,8 +7,8 @@
         --speedup 2 --duration 60
     kvroute bench compare --engine sim --replicas 4 --workload agent --duration 180 \\
         --out compare.json --plot plots/
-    kvroute bench index --redis-url redis://127.0.0.1:6379/0     (see ops.bench_index)
-    kvroute bench engines --engine sim mlx                       (see ops.bench_engines)
+    kvroute bench index --redis-url redis://127.0.0.1:6379/0     (see ops.bench.index)
+    kvroute bench engines --engine sim mlx                       (see ops.bench.engines)
     kvroute bench autoscale --engine sim --policy kvroute --duration 180 --out kv.json
                                                                  (see ops.bench.autoscale)
 
@@ -103,8 +103,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                          description=_router_doc(),
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     _router_args(r)
-    i = modes.add_parser("index", help="Redis prefix-index latency vs PING (ops.bench_index)")
-    from ops import bench_index
+    i = modes.add_parser("index", help="Redis prefix-index latency vs PING (ops.bench.index)")
+    from ops.bench import index as bench_index
 
     bench_index.add_arguments(i)
     i.set_defaults(func=bench_index.run)
@@ -124,9 +124,9 @@ def _autoscale_parser(modes: argparse._SubParsersAction) -> None:
 
 
 def _engines_parser(modes: argparse._SubParsersAction) -> None:
-    from ops import bench_engines
+    from ops.bench import engines as bench_engines
 
-    e = modes.add_parser("engines", help="cold/warm TTFT and tok/s per engine (ops.bench_engines)",
+    e = modes.add_parser("engines", help="cold/warm TTFT and tok/s per engine (ops.bench.engines)",
                          description=bench_engines.__doc__,
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     bench_engines.add_arguments(e)
@@ -316,7 +316,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # before Ray loads
     # Serve's per-request logs stay in their files instead of streaming to this process.
     os.environ.setdefault("RAY_SERVE_LOG_TO_STDERR", "0")
-    from deploy import runtime
+    from deploy.serve import runtime
     from ops.bench.compare import CompareSpec, run_compare
 
     concurrency = args.concurrency or (None if args.rate else DEFAULT_CONCURRENCY)

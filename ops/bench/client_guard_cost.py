@@ -1,4 +1,4 @@
-"""Per-request cost of ``router.client_guard.ClientGuardMiddleware`` in process (ASGI over
+"""Per-request cost of ``router.app.client_guard.ClientGuardMiddleware`` in process (ASGI over
 httpx's ASGITransport, no network): a trivial unstreamed route and a 20-chunk stream, with
 and without the middleware, alternated. ``python -m ops.bench.client_guard_cost [N]``."""
 
@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from router.client_guard import ClientGuardMiddleware
+from router.app.client_guard import ClientGuardMiddleware
 
 WARMUP = 200
 

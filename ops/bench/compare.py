@@ -4,9 +4,9 @@
         --out compare.json --plot docs/img
 
 It deploys the worker replicas once, with ``direct_http`` on (each replica also
-serves its own OpenAI endpoint, ``router.direct_http``) and, on the sim engine,
+serves its own OpenAI endpoint, ``router.app.replica_endpoint``) and, on the sim engine,
 ``vllm_kv_events`` (each replica publishes its KV events in vLLM's ZMQ format,
-``workers.vllm_events``), reads their endpoints from ``GET /kvroute/replicas``, and
+``workers.engines.sim.vllm_wire``), reads their endpoints from ``GET /kvroute/replicas``, and
 runs the same workload through, in turn (``--routers``; ``all`` = every one):
 
 * ``kvroute``: kvroute's router (ingress -> replica; ``--ingress proxy`` adds Serve's proxy);
@@ -142,7 +142,8 @@ async def replica_info(url: str, n: int, timeout_s: float = 120.0
 
 async def direct_headers(url: str) -> dict[str, str]:
     """What a call to a direct endpoint must send: the deployment's token, which the
-    router lists in /kvroute/replicas (router.direct_http). Peer routers pass the client's
+    router lists in /kvroute/replicas (router.app.replica_endpoint). Peer routers pass the
+    client's
     Authorization on to their workers; kvroute without keys ignores it."""
     async with aiohttp.ClientSession() as s, s.get(f"{url}/kvroute/replicas") as r:
         token = (await r.json()).get("direct_http_token")
@@ -222,7 +223,7 @@ async def run_one(name: str, target: str, spec: CompareSpec, show: bool,
 
 async def _compare(spec: CompareSpec, url: str, model_path: str, show: bool
                    ) -> tuple[dict[str, Any], dict[str, list[Record]]]:
-    from deploy.runtime import proxy_url
+    from deploy.serve.runtime import proxy_url
     from ops.bench.echo import ECHO_ROUTE
 
     info = await replica_info(url, spec.replicas)
@@ -330,14 +331,14 @@ async def _wait_ok(url: str, timeout_s: float = 60.0) -> None:
 
 def run_compare(spec: CompareSpec, show: bool = True
                 ) -> tuple[dict[str, Any], dict[str, list[Record]]]:
-    """Deploy on the running Ray (``deploy.runtime.init_ray`` first), run, clean up.
+    """Deploy on the running Ray (``deploy.serve.runtime.init_ray`` first), run, clean up.
 
     Returns the result JSON and each run's records (for plots). The kvroute app
     and the echo app are deleted at the end; Ray and Serve keep running.
     """
     from ray import serve
 
-    from deploy import runtime
+    from deploy.serve import runtime
     from ops.bench.echo import ECHO_APP, ECHO_ROUTE, EchoDeployment
     from ops.tiny_model import ensure_model
 

@@ -209,7 +209,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     os.environ.setdefault("RAY_SERVE_LOG_TO_STDERR", "0")
     from ray import serve
 
-    from deploy import runtime
+    from deploy.serve import runtime
     from ops.bench import compare
     from ops.bench.client import LoadSpec
     from ops.tiny_model import ensure_model

@@ -5,12 +5,12 @@
         --user-time-s 30
 
 It reads what the live bench (``ops.bench.leases``) cannot see from outside the replicas:
-what became of the leased blocks (``workers.sim_kv.LeaseCounts``: granted, refused by the
+what became of the leased blocks (``workers.engines.sim.kv.LeaseCounts``: granted, refused by the
 cap, hit by a later turn, expired unused, evicted before their deadline) and how much of the
 cache the running requests pin. Policies, one run each, same seed:
 
 * ``off``: no leases (LRU);
-* ``leases``: ``router.leases`` as configured by default (by how the turn ended, renewals
+* ``leases``: ``router.routing.leases`` as configured by default (by how the turn ended, renewals
   of final answers included);
 * ``oracle``: leases that know each session's next turn: the exact pause + 1 s, none after
   a session's last turn, no cap, the leased block needed last evicted first. No lease
@@ -36,11 +36,11 @@ from typing import Any
 import numpy as np
 
 from cache_service.hashing import block_hashes
-from deploy.router_config import LeaseConfig
+from deploy.config.router import LeaseConfig
 from ops.bench.workloads import AgentParams, AgentWorkload, Call, flatten
-from router.leases import SessionGaps
-from workers.sim_core import SimCore, SimFinish, SimParams, SimRequest, SimToken
-from workers.sim_kv import LeaseCounts, SimKv
+from router.routing.leases import SessionGaps
+from workers.engines.sim.core import SimCore, SimFinish, SimParams, SimRequest, SimToken
+from workers.engines.sim.kv import LeaseCounts, SimKv
 
 POLICIES = ("off", "leases", "oracle", "infinite")
 

@@ -16,7 +16,7 @@ behind the kvroute router with a throwaway redis-server index and drives the age
 workload (``ops.bench.workloads``: shared system prompt and tools, per-session histories,
 tool pauses of ~1 s, user pauses of ~10 s) closed loop with Claude Code's identity headers,
 so the router knows the sessions. The sim answers the workload's tool-call turns with a
-tool call in the model's format (``workers/sim_script.py``: the bench appends a marker
+tool call in the model's format (``workers/engines/sim/script.py``: the bench appends a marker
 message to those requests only), and its final turns with plain text, so the router sees
 how each turn ended (``router.leases.by_ending``). Runs alternate leases off, then on,
 ``--rounds`` times; printed per run: requests, TTFT p50 / mean / p99, cached-token ratio,
@@ -87,7 +87,7 @@ class MarkedWorkload(AgentWorkload):
 def build_config(model_path: str, redis_url: str, port: int, *, leases: bool,
                  args: argparse.Namespace, script_path: str) -> Any:
     from deploy.config import IndexConfig, KvrouteConfig, ModelConfig, ServerConfig
-    from deploy.router_config import LeaseConfig, RouterConfig
+    from deploy.config.router import LeaseConfig, RouterConfig
 
     model = ModelConfig(
         name=MODEL, engine="sim", model_path=model_path, num_replicas=args.replicas,

@@ -1,12 +1,12 @@
 """What stream pacing costs a worker, in process: 16 concurrent engine streams of
 ``TOKENS`` tokens 10 ms apart (the agent bench's sim), each read through
-``workers.stream_pacing.paced`` at 0 (no layer) and at 20 ms (the default). Process CPU µs
+``workers.transport.stream_pacing.paced`` at 0 (no layer) and at 20 ms (the default). Process CPU µs
 per token, the engine's own sleeps included, and the chunks per stream.
 
     python -m ops.bench.pacing_cost [--impl PATH] [--rounds N]
 
 ``--impl`` measures another ``stream_pacing`` module, e.g. an older one:
-``git show ea72c01:workers/stream_pacing.py > /tmp/old.py``.
+``git show ea72c01:workers/transport/stream_pacing.py > /tmp/old.py``.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import time
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
-from workers import stream_pacing
 from workers.protocol import Finished, TokenChunk, Usage
+from workers.transport import stream_pacing
 
 STREAMS, TOKENS, GAP_S = 16, 300, 0.01
 Paced = Callable[[AsyncGenerator[Any, None], float], AsyncGenerator[Any, None]]

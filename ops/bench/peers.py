@@ -131,7 +131,7 @@ def smg(name: str, endpoints: list[str], model_path: str, policy: str) -> Router
 def vllm_router(name: str, endpoints: list[str], events: list[str | None], model_path: str,
                 policy: str, block_size: int) -> RouterLaunch:
     """vllm-router 0.1.17: ``kv_aware`` indexes the replicas' vLLM-format KV events
-    (``workers.vllm_events``); ``cache_aware`` is its text tree."""
+    (``workers.engines.sim.vllm_wire``); ``cache_aware`` is its text tree."""
     port = free_port()
     flags: Flags
     if policy == "kv_aware":

@@ -42,7 +42,7 @@ def build_config(model_path: str, redis_url: str, port: int, *, prewarm: bool,
         ModelConfig,
         ServerConfig,
     )
-    from deploy.router_config import PrewarmConfig, RouterConfig
+    from deploy.config.router import PrewarmConfig, RouterConfig
 
     scaling = AutoscalingConfig(min_replicas=1, max_replicas=2, target_ongoing_requests=1.0,
                                 upscale_delay_s=1.0, downscale_delay_s=600.0,
@@ -114,7 +114,7 @@ def local_runs(configs: Sequence[Callable[[str, int], Any]],
     import redis
     from ray import serve
 
-    from deploy import runtime
+    from deploy.serve import runtime
     from ops.bench.compare import free_port
 
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")

@@ -86,8 +86,8 @@ class Prompts:
 
     def __init__(self, model_path: str) -> None:
         from ops.bench.workloads import _words
-        from router.prompt_cache import PromptCacheConfig
-        from router.tokenization import ChatTokenizer
+        from router.prompt.cache import PromptCacheConfig
+        from router.prompt.tokenizer import ChatTokenizer
 
         self.tok = ChatTokenizer(model_path, PromptCacheConfig(enabled=False))
         self._words = _words()
@@ -265,7 +265,7 @@ def run_mode(mode: str, spec: RouterBenchSpec, prompts: Prompts, model_path: str
     """A fresh Ray whose processes inherit the mode's environment; one router, one sim."""
     from ray import serve
 
-    from deploy import runtime
+    from deploy.serve import runtime
 
     stack = bench_stack(spec)
     with _environment(MODES[mode]):

@@ -2,7 +2,7 @@
 
 ``--move``: a session's turn on a router replica that never saw it (a restart, a
 scale-out), with and without the shared Redis level of the prompt cache
-(``router.token_store``). In process, with the router's own ``ChatTokenizer``: replica A
+(``router.prompt.store``). In process, with the router's own ``ChatTokenizer``: replica A
 serves a session growing by ~1k tokens a turn up to ``--move-length`` tokens; then a fresh
 replica B serves its next turn, as (1) the cache off (whole-prompt tokenization, the code
 before issue 16), (2) local cache only (B's is empty), (3) local + Redis; and, for
@@ -82,10 +82,10 @@ def redis_server(url: str | None) -> Iterator[str]:
 
 
 def _tokenizer(model_path: str, case: str, url: str, ns: str) -> Any:
-    from router.prompt_cache import PromptCacheConfig
-    from router.token_store import TokenStore
-    from router.tokenization import ChatTokenizer
-    from router.tokenize_setup import TokenCache
+    from router.prompt.cache import PromptCacheConfig
+    from router.prompt.setup import TokenCache
+    from router.prompt.store import TokenStore
+    from router.prompt.tokenizer import ChatTokenizer
 
     if case == "cache off":
         return ChatTokenizer(model_path, PromptCacheConfig(enabled=False))
@@ -320,7 +320,7 @@ def add_arguments(r: Any) -> None:
                    help="--agent: \"after\"'s server.ingress (\"before\" keeps Serve's proxy; "
                    "auto, the default, is direct here)")
     r.add_argument("--agent-paced-ms", type=float, help="--agent: also run \"paced\": "
-                   "\"after\" with this model stream_interval_ms (workers.stream_pacing; "
+                   "\"after\" with this model stream_interval_ms (workers.transport.stream_pacing; "
                    "\"after\" has the default, 20 ms; 0: a chunk per token)")
     r.add_argument("--stall", type=int, metavar="ROUNDS", help="the stall figure alone, "
                    "this many rounds per --stall-ingress, median ratio (ops.bench.stall_rounds)")

@@ -101,7 +101,7 @@ def run_scaling(spec: compare.CompareSpec, counts: tuple[int, ...], show: bool =
     of ``SCALED``), clean up. Returns the JSON part and the records ("name@N")."""
     from ray import serve
 
-    from deploy import runtime
+    from deploy.serve import runtime
     from ops.tiny_model import ensure_model
 
     unknown = set(spec.routers) - set(SCALED)

@@ -58,8 +58,8 @@ def _cpu_ms(fn: Callable[[], Any], repeats: int) -> float:
 
 
 def run_specials(model_path: str, length: int = 160000, repeats: int = 9) -> dict[str, Any]:
-    from router.prompt_cache import PromptCacheConfig
-    from router.tokenization import ChatTokenizer
+    from router.prompt.cache import PromptCacheConfig
+    from router.prompt.tokenizer import ChatTokenizer
 
     prompts = Prompts(model_path)
     msgs, tools = agent_chat(prompts, length)

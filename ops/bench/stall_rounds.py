@@ -30,7 +30,7 @@ def one_round(model_path: str, prompts: rb.Prompts, spec: rb.RouterBenchSpec) ->
     def run(ingress: str, round_: int) -> dict[str, float]:
         from ray import serve
 
-        from deploy import runtime
+        from deploy.serve import runtime
 
         stack = rb.bench_stack(spec, ingress)
         with rb._environment(rb.MODES["after"]):  # noqa: SLF001

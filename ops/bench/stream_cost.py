@@ -21,18 +21,19 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from router import http_util as hu
-from router import openai_api as oa
-from router import openai_routes, telemetry
-from router import tool_calls as tc
-from router.client_guard import ClientGuardMiddleware
-from router.context import Candidate
-from router.dispatch import Started
-from router.generation import Generation
-from router.listener import RequestIds
-from router.load import LoadTracker
+from router import telemetry
+from router.api.common import request as hu
+from router.api.openai import encode as oa
+from router.api.openai import routes as openai_routes
+from router.app.client_guard import ClientGuardMiddleware
+from router.app.listener import RequestIds
+from router.dispatch.dispatch import Started
+from router.dispatch.generation import Generation
+from router.output import tool_calls as tc
+from router.output.tool_parsers import hermes
+from router.routing.context import Candidate
+from router.routing.load import LoadTracker
 from router.telemetry import TelemetryMiddleware
-from router.tool_parsers import hermes
 from workers.protocol import Chunk, Final, Usage, WorkerMessage
 
 TOKENS = 140

@@ -2,7 +2,8 @@
 
 Each router's bench JSON gains ``per_request`` (``columns`` and one row per request, in send
 order) and ``ttft_tail`` (the slowest ``TAIL_SHARE`` of its requests, decomposed). The split
-uses the sim engine's model (``workers.sim_core``): prefill is FIFO, one request at a time per
+uses the sim engine's model (``workers.engines.sim.core``): prefill is FIFO, one request at a time
+per
 replica, and takes ``uncached / P`` seconds, so on the client's clock
 
 * ``prefill_s`` = (prompt - cached tokens) / P, exact in emulated time;

@@ -4,7 +4,7 @@ checkouts: ``kvroute bench router --agent --agent-base <worktree>`` starts "befo
 the other tree's code and "after" with this one, each in a child process running this
 file by path.
 
-Only ``deploy.runtime`` and ``ops.bench.compare`` (``CompareSpec``, ``build_config``,
+Only ``deploy.serve.runtime`` and ``ops.bench.compare`` (``CompareSpec``, ``build_config``,
 ``free_port``), unchanged since before issue 16, are imported from the tree under test.
 Protocol: argv[1] is a JSON object of ``CompareSpec`` fields and ``model_path``; the child
 prints ``URL <url>`` once the stack is healthy and tears it down when its stdin closes.
@@ -30,7 +30,7 @@ class StackStartError(RuntimeError):
 def main(argv: list[str]) -> int:
     from ray import serve
 
-    from deploy import runtime
+    from deploy.serve import runtime
     from ops.bench.compare import CompareSpec, build_config, free_port
 
     spec = json.loads(argv[1])

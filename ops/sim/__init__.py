@@ -1,8 +1,8 @@
 """``kvroute sim``: the offline routing-policy simulator.
 
 It replays a Mooncake trace through the PRODUCTION routing code (the named
-``deploy.routing`` profile, candidates built by ``router.context.build_candidate``,
-``router.load.LoadTracker`` and the ``MemoryPrefixIndex``) against ``SimCore``
+``deploy.config.routing`` profile, candidates built by ``router.routing.context.build_candidate``,
+``router.routing.load.LoadTracker`` and the ``MemoryPrefixIndex``) against ``SimCore``
 engine EMULATORS in virtual time. See ``simulator`` for the model and
 ``docs/routing.md`` for the results.
 """

@@ -23,13 +23,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from deploy.routing import PROFILES
+from deploy.config.routing import PROFILES
 from ops.sim.calibrate import REFERENCE, calibrate_speedup
 from ops.sim.oracle import no_queue_ttft, summary
 from ops.sim.report import bench_json, format_table, host_ratio, prefill_busy
 from ops.sim.simulator import SimConfig, simulate
 from ops.sim.trace import TraceRequest, ideal_reuse, load_trace, offered_load, speedup_for_load
-from workers.sim_core import LABEL
+from workers.engines.sim.core import LABEL
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

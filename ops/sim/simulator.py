@@ -2,11 +2,11 @@
 
 Every request of the trace arrives at ``(timestamp - first timestamp) / speedup``
 seconds of virtual time. At each arrival the simulator does what ``RouterCore``
-does, with the same code (``router.decision.Decider``):
+does, with the same code (``router.routing.decision.Decider``):
 
 1. ``MemoryPrefixIndex.lookup`` of the request's ``hash_ids`` (used directly as
    block hashes: one per 512-token block, chained, as the trace defines them);
-2. one ``Candidate`` per replica from ``router.context.build_candidate``: matched
+2. one ``Candidate`` per replica from ``router.routing.context.build_candidate``: matched
    blocks from the index; load merged from this router's ``LoadTracker`` view and
    the replica's routing stats (``SimCore.load().routing_stats()``: remaining
    prefill, cumulative prefill counters), as Serve delivers them: taken every
@@ -17,7 +17,7 @@ does, with the same code (``router.decision.Decider``):
    ``record_routed`` write, then ``SimCore.submit`` on the chosen replica.
 
 If the profile has ``admission`` (``kvroute`` does), an arriving request may first wait
-in the router's ``HoldQueue`` (``router.admission``), re-checked every ``tick_s``; it is
+in the router's ``HoldQueue`` (``router.routing.admission``), re-checked every ``tick_s``; it is
 routed as above when released, and its TTFT still counts from its arrival.
 
 Between arrivals every ``SimCore`` advances to the next arrival time; its outputs
@@ -44,17 +44,17 @@ from typing import Any
 from cache_service.index import IndexSettings
 from cache_service.memory_index import MemoryPrefixIndex
 from deploy.config import IndexConfig, KvrouteConfig, ModelConfig
-from deploy.routing import PipelineConfig, PluginRef, profile
+from deploy.config.routing import PipelineConfig, PluginRef, profile
 from ops.sim.trace import TraceRequest
-from router.admission import HoldQueue, own_prefill_s
-from router.context import Candidate, RequestContext
-from router.decision import Decider
-from router.load import LoadTracker, Ticket
-from router.plugins import PLUGINS
-from router.selection import RouteRequest, request_context
-from router.views import ReplicaInfo
+from router.routing.admission import HoldQueue, own_prefill_s
+from router.routing.context import Candidate, RequestContext
+from router.routing.decision import Decider
+from router.routing.load import LoadTracker, Ticket
+from router.routing.plugins import PLUGINS
+from router.routing.selection import RouteRequest, request_context
+from router.routing.views import ReplicaInfo
+from workers.engines.sim.core import SimCore, SimFinish, SimOutput, SimParams, SimRequest
 from workers.protocol import SamplingParams
-from workers.sim_core import SimCore, SimFinish, SimOutput, SimParams, SimRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +75,7 @@ class SimConfig:
     model: str = "sim"
     # Routing stats as Serve delivers them: taken every period (x U(0.9, 1.1), Serve's
     # jitter), seen by the router one controller tick later. Period 0: fresh at every
-    # decision. 1 s is deploy/builder.py's request_routing_stats_period_s.
+    # decision. 1 s is deploy/serve/builder.py's request_routing_stats_period_s.
     stats_period_s: float = 1.0
     stats_delay_s: float = 0.1
 

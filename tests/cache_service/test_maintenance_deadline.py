@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from deploy.config import IndexConfig, KvrouteConfig, RouterConfig
-from router import views
 from router.core import RouterCore
+from router.routing import views
 from tests.stacks import sim_model
 
 MODEL = "sim-maint"

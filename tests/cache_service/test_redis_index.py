@@ -254,7 +254,7 @@ async def test_raises_when_nothing_listens(unused_tcp_port: int) -> None:
 async def test_memory_per_block(
     index: RedisPrefixIndex, raw_redis: aioredis.Redis, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Bytes per (block, replica) entry; printed with -s (see ops/bench_index.py)."""
+    """Bytes per (block, replica) entry; printed with -s (see ops/bench/index.py)."""
     n = 20_000
     h = block_hashes(list(range(64 * n)), salt=7)
     before = (await raw_redis.info("memory"))["used_memory"]

@@ -9,7 +9,7 @@ cluster launcher config and the Dockerfiles.
 * The RayService is checked against a hand-written expectation of the KubeRay ``ray.io/v1``
   fields and the operator's own validation rules (``ValidateRayClusterSpec`` in KubeRay 1.7:
   no ``rayStartParams['labels']``, resources not set twice, token auth needs Ray >= 2.52).
-  No package installed here ships the KubeRay CRD; ``ops/check_rayservice_crd.py CRD``
+  No package installed here ships the KubeRay CRD; ``ops/dev/check_rayservice_crd.py CRD``
   runs the full OpenAPI check (unknown fields rejected, like ``kubectl apply
   --validate=strict``) where the CRD file is at hand.
 * The cluster launcher config validates against Ray's ``ray-schema.json`` and Ray's own
@@ -31,8 +31,8 @@ import pytest
 import yaml
 from ray.serve.schema import ServeDeploySchema
 
-from deploy.builder import ROUTER_DEPLOYMENT, app_builder
 from deploy.config import APP_IMPORT_PATH, KvrouteConfig, load_config
+from deploy.serve.builder import ROUTER_DEPLOYMENT, app_builder
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

@@ -14,8 +14,8 @@ from ops.bench.workloads import (
     prompt_limit,
     with_context,
 )
-from router.prompt_cache import PromptCacheConfig
-from router.tokenization import ChatTokenizer
+from router.prompt.cache import PromptCacheConfig
+from router.prompt.tokenizer import ChatTokenizer
 
 # Long sessions with big tool results: they overflow a small window without compaction.
 LONG = AgentParams(seed=3, tasks_mean=3.0, turns_mean=12.0, tool_result_tokens=3000,

@@ -1,11 +1,11 @@
-"""``kvroute bench engines`` is a bench subcommand (was ``python -m ops.bench_engines``):
+"""``kvroute bench engines`` is a bench subcommand (was ``python -m ops.bench.engines``):
 its options parse through the kvroute CLI and its table has one row per engine. The
 benchmark itself deploys engines on Ray; it is run by hand (docs/benchmarks.md)."""
 
 from __future__ import annotations
 
-from deploy.cli import build_parser
-from ops import bench_engines
+from deploy.cli.main import build_parser
+from ops.bench import engines as bench_engines
 
 
 def test_bench_engines_is_a_kvroute_subcommand() -> None:

@@ -1,4 +1,4 @@
-"""``ops.bench_index`` (``kvroute bench index``): a quick run against a real redis-server.
+"""``ops.bench.index`` (``kvroute bench index``): a quick run against a real redis-server.
 
 Checks the report's shape and that the bench leaves the server as it found it; no timing
 assertions (the numbers depend on the machine).
@@ -16,8 +16,8 @@ import redis
 from pytest_redis import factories
 from pytest_redis.executor import RedisExecutor
 
-from ops import bench_index
-from ops.bench_index import add_arguments, run
+from ops.bench import index as bench_index
+from ops.bench.index import add_arguments, run
 
 bench_redis = factories.redis_proc(host="127.0.0.1", port=None)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ops.bench import pacing_cost
-from workers import stream_pacing
+from workers.transport import stream_pacing
 
 
 def test_paced_streams_carry_every_token_in_fewer_chunks() -> None:

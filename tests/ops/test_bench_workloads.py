@@ -173,7 +173,7 @@ class _Engine:
 
 async def test_client_measures_streams_closed_and_open_loop(tiny_model_dir: Path,
                                                             tmp_path: Path) -> None:
-    from router.direct_http import DirectHttp
+    from router.app.replica_endpoint import DirectHttp
 
     direct = DirectHttp("tiny-llama", str(tiny_model_dir), _Engine().generate)
     await direct.start()

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from deploy.cli import main
-from router.auth import Authenticator, hash_key, parse_env_keys
+from deploy.cli.main import main
+from router.auth.keys import Authenticator, hash_key, parse_env_keys
 
 
 def _check(out: str, name: str, rpm: int | None, tpm: int | None) -> None:

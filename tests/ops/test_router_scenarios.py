@@ -75,7 +75,7 @@ def test_agent_ratios_are_over_all_rounds(monkeypatch: pytest.MonkeyPatch) -> No
 def test_the_stack_keeps_the_models_stream_pacing_unless_a_mode_sets_it() -> None:
     """"after" must measure kvroute's defaults: the stack sets ``stream_interval_ms`` only
     when asked ("paced"), so a bench of the shipped config is one."""
-    from deploy.model_config import ModelConfig
+    from deploy.config.model import ModelConfig
     from ops.bench.compare import CompareSpec, build_config
 
     shipped = ModelConfig.model_fields["stream_interval_ms"].default

@@ -3,7 +3,7 @@
 At every decision of the simulator, a real ``RouterCore`` (fake deployment handles, the
 same profile and block size) decides from the same state: the simulator's prefix index
 and load tracker, a replica view that reports what the simulator's router sees, and the
-simulator's virtual clocks. Both call ``router.decision.Decider``; if either side built
+simulator's virtual clocks. Both call ``router.routing.decision.Decider``; if either side built
 its context, candidates or admission differently, the picks would part.
 """
 
@@ -18,10 +18,10 @@ import pytest
 from deploy.config import IndexConfig, KvrouteConfig, ModelConfig, RouterConfig
 from ops.sim.simulator import SimConfig, Simulator
 from ops.sim.trace import TraceRequest, load_trace, speedup_for_load
-from router import views
 from router.core import RouterCore
-from router.selection import RouteRequest
-from router.views import ReplicaInfo
+from router.routing import views
+from router.routing.selection import RouteRequest
+from router.routing.views import ReplicaInfo
 from workers.protocol import SamplingParams
 
 MOONCAKE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_trace_1000.jsonl"

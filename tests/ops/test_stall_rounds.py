@@ -3,7 +3,7 @@ its own loaded p99 over its own unloaded p99, and the median is per ingress."""
 
 from __future__ import annotations
 
-from deploy.cli import build_parser
+from deploy.cli.main import build_parser
 from ops.bench import stall_rounds
 
 

@@ -11,16 +11,17 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from deploy.cli import build_parser
+from deploy.cli.main import build_parser
 from ops.tiny_families import DEFAULT_FAMILY, FAMILIES, FAMILY_NAMES
 from ops.tiny_model import ensure_model, make_model
-from router.tokenization import ChatTokenizer
+from router.prompt.tokenizer import ChatTokenizer
 from workers.protocol import Finished, GenerateRequest, SamplingParams
 
 REPO = Path(__file__).resolve().parents[2]
 PARSER_SOURCES = "\n".join(
     p.read_text(encoding="utf-8")
-    for d in ("tool_parsers", "reasoning_parsers") for p in (REPO / "router" / d).glob("*.py")
+    for d in ("tool_parsers", "reasoning_parsers")
+    for p in (REPO / "router" / "output" / d).glob("*.py")
 )
 TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather for a city",
@@ -92,7 +93,7 @@ def test_cli_family_choices_are_the_one_list(tmp_path: Path) -> None:
 
 
 async def _generate(folder: Path, prompt: list[int]) -> Finished:
-    from workers.mlx_engine import MlxEngine
+    from workers.engines.mlx.engine import MlxEngine
 
     engine = MlxEngine(str(folder), "fam/model", "r0", 2)
     await engine.start()

@@ -8,8 +8,8 @@ import asyncio
 from pathlib import Path
 
 from deploy.config import KvrouteConfig
-from router import views
 from router.core import RouterCore
+from router.routing import views
 from tests.stacks import sim_model
 
 MODEL = "sim-core"

@@ -1,0 +1,144 @@
+"""``kvroute bench engines``: the same workload on each engine, 2 replicas behind kvroute.
+
+    kvroute bench engines --engine sim mlx [--replicas 2] [--prompt-words 600]
+
+For each engine it deploys kvroute (local Ray on loopback, the tiny offline model,
+memory index), then measures through the router:
+- TTFT of a cold prefix (a prompt never seen) and of a warm one (the same prompt
+  again, so the replica serves it from its prefix cache), and their ratio;
+- output tokens/s with ``--concurrency`` streams of ``--max-tokens`` tokens at once.
+Figures are printed as one table and written as JSON (``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+import httpx
+
+ENGINE_KWARGS: dict[str, dict[str, Any]] = {
+    "sim": {"tpot_s": 0.02, "prefill_tok_s": 12000.0},  # the emulator's defaults
+    "mlx": {},
+    "vllm": {"max_model_len": 8192},
+}
+
+
+def _prompt(i: int, words: int) -> str:
+    return f"document {i}: " + " ".join(f"w{(i * 31 + k) % 997}" for k in range(words))
+
+
+async def _ttft(client: httpx.AsyncClient, url: str, model: str, text: str,
+                max_tokens: int) -> tuple[float, int, float]:
+    body = {"model": model, "max_tokens": max_tokens, "stream": True, "temperature": 0,
+            "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": text}]}
+    start, first, tokens = time.perf_counter(), None, 0
+    async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if first is None and chunk.get("choices") and chunk["choices"][0]["delta"].get(
+                    "content"):
+                first = time.perf_counter() - start
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+    return first or (time.perf_counter() - start), tokens, time.perf_counter() - start
+
+
+async def _measure(url: str, model: str, args: argparse.Namespace) -> dict[str, float]:
+    async with httpx.AsyncClient(timeout=600) as c:
+        cold, warm = [], []
+        for i in range(args.samples):
+            text = _prompt(1000 + i, args.prompt_words)
+            cold.append((await _ttft(c, url, model, text, 4))[0])
+            warm.append((await _ttft(c, url, model, text, 4))[0])
+        start = time.perf_counter()
+        runs = await asyncio.gather(*(
+            _ttft(c, url, model, _prompt(5000 + i, 50), args.max_tokens)
+            for i in range(args.concurrency)))
+        wall = time.perf_counter() - start
+    cold_m, warm_m = statistics.median(cold), statistics.median(warm)
+    return {"ttft_cold_s": cold_m, "ttft_warm_s": warm_m, "cold_over_warm": cold_m / warm_m,
+            "tokens_per_s": sum(r[1] for r in runs) / wall}
+
+
+def _bench_engine(engine: str, args: argparse.Namespace) -> dict[str, float]:
+    from deploy.config import KvrouteConfig, ModelConfig, ServerConfig
+    from deploy.serve import runtime
+    from ops.tiny_model import ensure_model
+
+    cfg = KvrouteConfig(
+        models=[ModelConfig(name=f"bench-{engine}", engine=engine, num_replicas=args.replicas,
+                            model_path=str(ensure_model()), num_cpus=0.5, context_window=8192,
+                            engine_kwargs=ENGINE_KWARGS[engine])],
+        server=ServerConfig(host="127.0.0.1", port=args.port),
+    )
+    t0 = time.perf_counter()
+    url = runtime.deploy(cfg)
+    runtime.wait_healthy(url, timeout_s=600)
+    startup = time.perf_counter() - t0
+    try:
+        return {"startup_s": startup, **asyncio.run(_measure(url, f"bench-{engine}", args))}
+    finally:
+        from ray import serve
+
+        serve.delete(runtime.APP_NAME)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``kvroute bench engines`` (registered by ops/bench/cli.py)."""
+    p.add_argument("--engine", nargs="+", default=["sim", "mlx"], choices=sorted(ENGINE_KWARGS))
+    p.add_argument("--replicas", type=int, default=2)
+    p.add_argument("--prompt-words", type=int, default=600)
+    p.add_argument("--samples", type=int, default=3)
+    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--port", type=int, default=8011)
+    p.add_argument("--out")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Deploy each engine in turn, measure, print one table, write ``--out``."""
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    from deploy.serve import runtime
+
+    runtime.init_ray("127.0.0.1")
+    try:
+        results = {e: _bench_engine(e, args) for e in args.engine}
+    finally:
+        runtime.shutdown()
+    print(table(results))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0
+
+
+def table(results: dict[str, dict[str, float]]) -> str:
+    """The printed table: one row per engine."""
+    rows = [f"{'engine':8} {'startup s':>9} {'TTFT cold s':>11} {'TTFT warm s':>11} "
+            f"{'cold/warm':>9} {'tok/s':>8}"]
+    rows += [f"{e:8} {r['startup_s']:9.1f} {r['ttft_cold_s']:11.3f} {r['ttft_warm_s']:11.3f} "
+             f"{r['cold_over_warm']:9.1f} {r['tokens_per_s']:8.1f}" for e, r in results.items()]
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m ops.bench.engines ARGS`` = ``kvroute bench engines ARGS``."""
+    p = argparse.ArgumentParser(prog="kvroute bench engines", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

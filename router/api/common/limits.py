@@ -1,0 +1,19 @@
+"""Bounds on what one request may hold, checked while its body is parsed (review finding 2).
+
+The body limit (``server.max_body_bytes``) and the bound against the context window
+(``router.api.common.request.BodyLimits``) cap the bytes; these cap the counts and string sizes the
+schemas accept, so no field of a body under those limits can make parsing, normalising or
+templating do far more work than the text a model could take. Each is far above what real
+agents send (Claude Code 2.1 sends 8-13 tools and tens to hundreds of messages in a long
+session; Codex 0.169 a few tens of items and 10 tools; ``tests/router/fixtures``) and
+above the providers' own documented limits where they have one.
+"""
+
+from __future__ import annotations
+
+MAX_MESSAGES = 10_000  # messages / input items per request
+MAX_TOOLS = 1024  # tool definitions per request
+MAX_BLOCKS = 4096  # content blocks / parts in one message or tool result
+MAX_TEXT_CHARS = 4 << 20  # one text field (4 Mi characters: beyond any context window)
+MAX_DESCRIPTION_CHARS = 100_000  # one tool description
+MAX_ID_CHARS = 256  # tool call ids and other client-chosen ids

@@ -1,0 +1,205 @@
+"""Request plumbing shared by the OpenAI and Anthropic front ends."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ValidationError
+from ray import serve
+
+from router.auth.keys import ApiKeyConfig
+from router.core import Generation, RouterCore
+from router.errors import ApiError
+from router.output.reasoning_parsers import fit_history
+from router.prompt.template import ChatPrompt
+from router.prompt.tokenizer import ChatTokenizer, TemplateRenderError
+from workers.protocol import SamplingParams
+
+MAX_BODY_BYTES = 8 << 20  # the default of ServerConfig.max_body_bytes (docs/reliability.md)
+M = TypeVar("M", bound=BaseModel)
+
+
+@dataclass(frozen=True, slots=True)
+class BodyLimits:
+    """How much body a route reads before refusing it, all before any parsing.
+
+    ``max_bytes``: the configured hard limit. ``window_bytes``: the cheap bound against the
+    context window, the largest window of the models × a generous bytes-per-token bound, plus
+    slack for the JSON around the text and tools a template leaves out: a body over it cannot
+    fit any model, so it is refused before it is parsed, templated or tokenized."""
+
+    max_bytes: int = MAX_BODY_BYTES
+    window_bytes: int | None = None
+    read_timeout_s: float | None = None  # the whole body must arrive within it (slow clients)
+
+    @property
+    def limit(self) -> int:
+        return min(self.max_bytes, self.window_bytes or self.max_bytes)
+
+    def refusal(self, size: int) -> ApiError:
+        if size > self.max_bytes:
+            return ApiError(413, f"request body over {self.max_bytes} bytes", "body_too_large")
+        return ApiError(413, f"request body over {self.limit} bytes cannot fit the context "
+                        "window of any model served here", "body_too_large")
+
+
+WINDOW_SLACK_BYTES = 1 << 20
+
+
+def body_limits(core: RouterCore) -> BodyLimits:
+    server = core.config.server
+    window = max(m.context_window for m in core.models.values())
+    return BodyLimits(server.max_body_bytes,
+                      window * server.body_bytes_per_token + WINDOW_SLACK_BYTES,
+                      server.body_read_timeout_s)
+
+
+async def admit_caller(core: RouterCore, request: Request) -> ApiKeyConfig | None:
+    """Authenticate (401) and charge one request to the key's requests/min (429) before the
+    body is read, so a refused caller costs no parse. Returns the key to hand on to
+    ``RouterCore.generate``, whose own admission then charges tokens only (the request is
+    already counted)."""
+    key = core.auth.authenticate(request.headers)
+    if key is not None and key.requests_per_min:
+        await core.limiter.admit(key, None)
+    return key
+
+
+async def read_body(request: Request, limits: BodyLimits | None = None) -> bytes:
+    """The body, refused with a 413 as soon as it is known to be over the limit.
+
+    A declared ``Content-Length`` over the limit is refused before reading anything, and a
+    chunked body stops being read at the limit, so an oversized upload is never held whole.
+    """
+    limits = limits or BodyLimits()
+    limit = limits.limit
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise limits.refusal(int(declared))
+    chunks, size = [], 0
+    try:
+        async with asyncio.timeout(limits.read_timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise limits.refusal(size)
+                chunks.append(chunk)
+    except TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {limits.read_timeout_s} s",
+                       "body_timeout") from None
+    return b"".join(chunks)
+
+
+async def parse_body(request: Request, schema: type[M], limits: BodyLimits | None = None) -> M:
+    """JSON body → pydantic model; every failure is a 400/413 ``ApiError``."""
+    body = await read_body(request, limits)
+    try:
+        # pydantic's own JSON parser: it rejects invalid UTF-8, lone surrogates (which
+        # json.loads lets through and the tokenizer then chokes on) and absurd nesting.
+        return schema.model_validate_json(body)
+    except ValidationError as e:
+        raise _invalid(e.errors()) from None
+
+
+_TYPE_LABELS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+
+
+def _invalid(errors: list[Any]) -> ApiError:
+    """The 400 for the most specific error: a union's deepest branch, not its first."""
+    if bad_json := next((e for e in errors if e.get("type") == "json_invalid"), None):
+        reason = (bad_json.get("ctx") or {}).get("error", bad_json.get("msg"))
+        return ApiError(400, f"body is not valid JSON: {reason}", "invalid_json")
+    err = max(errors, key=lambda e: len(e.get("loc", ())))
+    parts: list[str] = []
+    for p in map(str, err.get("loc", ())):  # drop pydantic's union-branch labels
+        if "[" not in p and p not in _TYPE_LABELS and (not parts or parts[-1] != p):
+            parts.append(p)
+    param = ".".join(parts)
+    return ApiError(400, f"{param}: {err.get('msg')}", "invalid_request", param)
+
+
+_SECRET_HEADERS = frozenset({"authorization", "x-api-key"})
+
+
+def forwarded_headers(request: Request) -> dict[str, str]:
+    """Request headers for routing plugins and traces, without the API key."""
+    return {k: v for k, v in request.headers.items() if k not in _SECRET_HEADERS}
+
+
+def request_id(prefix: str) -> str:
+    """Serve's request id, so the body id, logs and the x-request-id header agree."""
+    rid = serve.context._get_serve_request_context().request_id  # noqa: SLF001
+    return rid or f"{prefix}-{uuid.uuid4().hex}"
+
+
+class GenerationStream(StreamingResponse):
+    """A streamed reply that closes its generation however the response ends: a client
+    that leaves before the body's first byte never starts the body's generator, whose
+    own ``finally`` would then never run (the worker request would go on)."""
+
+    def __init__(self, body: AsyncIterator[bytes], gen: Generation,
+                 headers: dict[str, str]) -> None:
+        super().__init__(body, media_type="text/event-stream",
+                         headers={**headers, "cache-control": "no-cache"})
+        self.gen = gen
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.gen.close()
+
+
+def routing_headers(core: RouterCore, gen: Generation) -> dict[str, str]:
+    # Serve itself echoes x-request-id (the client's, or its own).
+    out = {"x-kvroute-router": gen.router, "x-kvroute-model": gen.model,
+           "x-kvroute-replica": gen.replica}
+    if core.predicted_header:  # index.predicted_cached_header
+        out["x-kvroute-predicted-cached-tokens"] = str(gen.predicted_cached_tokens)
+    return out
+
+
+async def encode_prompt(tok: ChatTokenizer, prompt: ChatPrompt) -> list[int]:
+    """Render the chat template and tokenize, once, in the tokenize pool (off the event
+    loop; only the new part of a growing prompt is tokenized, ``router.prompt.cache``); a
+    conversation the template refuses is a 400."""
+    messages = fit_history(tok.template_source, prompt.messages)
+    try:
+        return await tok.encode_chat(messages, prompt.tools, prompt.prefill or "",
+                                    prompt.options)
+    except TemplateRenderError as e:
+        raise ApiError(400, str(e), "invalid_messages", "messages") from None
+
+
+def output_budget(core: RouterCore, model: str, prompt_len: int, limit: int | None,
+                  cut_to_fit: bool = False) -> tuple[int, bool]:
+    """(the max_tokens to use, whether ``limit`` was cut to fit the context): the one
+    context-window check of every API. A group's largest window counts; no ``limit``: the
+    models' default, capped by the room left. Over the window: a 413, unless ``cut_to_fit``
+    (Anthropic's max_tokens is an upper bound) and the prompt alone fits."""
+    members = [core.models[m] for m in core.resolve(model)]
+    window = max(m.context_window for m in members)
+    room = window - prompt_len
+    if cut_to_fit and room > 0 and limit is not None:
+        return min(limit, room), limit > room
+    if cut_to_fit and room <= 0:
+        raise ApiError(413, f"prompt is too long: {prompt_len} tokens > {window - 1} maximum",
+                       "context_length_exceeded", "messages")
+    if room <= 0 or (limit is not None and limit > room):
+        raise ApiError(413, f"prompt ({prompt_len} tokens) plus max_tokens ({limit}) exceed "
+                       f"the context window of {model} ({window})",
+                       "context_length_exceeded", "messages")
+    return (limit or min(min(m.default_max_tokens for m in members), room)), False
+
+
+def sampling(max_tokens: int, temperature: float | None, top_p: float | None,
+             stop: tuple[str, ...], seed: int | None) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens,
+                          temperature=0.0 if temperature is None else temperature,
+                          top_p=1.0 if top_p is None else top_p, stop=stop, seed=seed)

@@ -1,0 +1,148 @@
+"""OpenAI response shapes: chat/completion objects, tool calls and SSE chunks.
+
+Parsed tool calls (``router.output.tool_calls``) become ``message.tool_calls`` with ids
+``call_…`` and arguments as a JSON string, and the finish reason ``tool_calls``
+(unless the output limit cut the reply: ``length``). Streamed, each call is one
+delta carrying its id, name and full arguments, sent when the call is complete.
+Reasoning (``router.output.reasoning_parsers``) is ``message.reasoning_content`` and, streamed,
+``reasoning_content`` deltas, as vLLM and DeepSeek return it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+from router.api.common.wire import quote
+from router.output.tool_calls import ToolCall
+from workers.protocol import Final, Usage
+
+
+def usage_block(final: Final | None) -> dict[str, Any]:
+    u = final.usage if final is not None else Usage(0, 0, 0)
+    return {
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+    }
+
+
+def finish_reason(final: Final | None, tool_calls: bool = False) -> str:
+    if final is not None and final.finish_reason == "length":
+        return "length"
+    return "tool_calls" if tool_calls else "stop"
+
+
+def tool_call(call: ToolCall, index: int | None = None) -> dict[str, Any]:
+    """One OpenAI tool call; with ``index`` for a streamed delta."""
+    out: dict[str, Any] = {} if index is None else {"index": index}
+    out.update({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments_json()}})
+    return out
+
+
+def chat_completion(
+    rid: str, model: str, text: str, final: Final | None,
+    calls: list[ToolCall] | None = None, reasoning: str = "",
+) -> dict:
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if reasoning:  # as vLLM and DeepSeek return it
+        message["reasoning_content"] = reasoning
+    if calls:
+        message["content"] = text or None
+        message["tool_calls"] = [tool_call(c) for c in calls]
+    return {
+        "id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
+        "choices": [{
+            "index": 0, "message": message,
+            "finish_reason": finish_reason(final, bool(calls)), "logprobs": None,
+        }],
+        "usage": usage_block(final),
+    }
+
+
+def text_completion(rid: str, model: str, text: str, final: Final | None) -> dict:
+    return {
+        "id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
+        "choices": [{
+            "index": 0, "text": text, "finish_reason": finish_reason(final), "logprobs": None,
+        }],
+        "usage": usage_block(final),
+    }
+
+
+def chat_chunk(rid: str, model: str, delta: dict[str, Any], reason: str | None,
+               created: int | None = None) -> dict:
+    return {
+        "id": rid, "object": "chat.completion.chunk",
+        "created": int(time.time()) if created is None else created,
+        "model": model, "choices": [{"index": 0, "delta": delta, "finish_reason": reason}],
+    }
+
+
+def text_chunk(rid: str, model: str, text: str, reason: str | None,
+               created: int | None = None) -> dict:
+    return {
+        "id": rid, "object": "text_completion",
+        "created": int(time.time()) if created is None else created, "model": model,
+        "choices": [{"index": 0, "text": text, "finish_reason": reason, "logprobs": None}],
+    }
+
+
+def usage_chunk(rid: str, model: str, obj: str, final: Final | None,
+                created: int | None = None) -> dict:
+    return {
+        "id": rid, "object": obj, "created": int(time.time()) if created is None else created,
+        "model": model, "choices": [], "usage": usage_block(final),
+    }
+
+
+class ChunkEncoder:
+    """One stream's SSE chunks (chat ``chat.completion.chunk``s, or ``text_completion``s).
+
+    All chunks of a stream carry the ``created`` of its start (as OpenAI's do). A text
+    delta, the bulk of a stream, is the JSON of its text between two byte strings built
+    once: byte for byte ``sse(chat_chunk(...))`` / ``sse(text_chunk(...))`` at that
+    ``created`` (tests/router/api/test_stream_encoding.py), without a dict and a ``json.dumps``
+    of it per delta."""
+
+    def __init__(self, rid: str, model: str, chat: bool) -> None:
+        self.rid, self.model, self.chat = rid, model, chat
+        self.created = int(time.time())
+        mark = "\x00"  # the text's place in a sample chunk (ids and names hold no NUL)
+        sample = (chat_chunk(rid, model, {"content": mark}, None, self.created) if chat
+                  else text_chunk(rid, model, mark, None, self.created))
+        parts = sse(sample).split(json.dumps(mark).encode())
+        self._parts = (parts[0], parts[1]) if len(parts) == 2 else None
+        self._head, self._tail = self._parts or (b"", b"")
+
+    def text(self, text: str) -> bytes:
+        """A content delta (chat) or a text chunk (completions)."""
+        if self._parts is None:  # a NUL in the id or model name: no template
+            return self.delta({"content": text} if self.chat else {"text": text})
+        return self._head + quote(text).encode() + self._tail
+
+    def delta(self, delta: dict[str, Any], reason: str | None = None) -> bytes:
+        """Any other chunk: a chat delta (tool calls, the role, the end) or a text end."""
+        if self.chat:
+            return sse(chat_chunk(self.rid, self.model, delta, reason, self.created))
+        return sse(text_chunk(self.rid, self.model, delta.get("text", ""), reason,
+                              self.created))
+
+    def usage(self, final: Final | None) -> bytes:
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        return sse(usage_chunk(self.rid, self.model, obj, final, self.created))
+
+
+def sse(data: dict[str, Any] | str) -> bytes:
+    body = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return f"data: {body}\n\n".encode()
+
+
+def stream_error(message: str) -> dict[str, Any]:
+    return {
+        "error": {"message": message, "type": "api_error", "param": None, "code": "stream_failed"}
+    }

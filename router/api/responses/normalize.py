@@ -1,0 +1,193 @@
+"""A Responses request → the chat template's input, prefix-stable turn to turn.
+
+Codex resends the whole conversation as ``input`` items every turn (``store:
+false``); with ``previous_response_id`` the stored conversation comes first.
+Either way the rendered prompt of turn N+1 must start with turn N's, so:
+
+- ``instructions`` is the system prompt, with volatile ``x-anthropic-…`` header
+  lines stripped as on the other APIs; ``developer`` and ``system`` messages are
+  system messages (``router.api.anthropic.normalize.place_system`` merges the leading ones and
+  keeps later ones where the template can render them);
+- tools (``router.api.responses.tools``): the request's ``tools``, then those of
+  ``additional_tools`` items that come before the conversation starts, form the
+  template's tool list, in that order on every turn; tools that arrive later
+  (``additional_tools`` mid-conversation, a client ``tool_search_output``) are
+  rendered where they arrive, as text, so the prefix before them never moves;
+- ``reasoning`` items are the past reasoning (``reasoning_content``) of the assistant
+  message that follows them, which the model's template renders as it does its own
+  (``encrypted_content`` is ignored: one with no text, as OpenAI's models send, is
+  dropped); ``reasoning.effort`` goes to thinking templates;
+- calls (``function_call``, ``custom_tool_call``, ``tool_search_call``) join the
+  assistant message before them as its ``tool_calls`` (arguments as mappings, as
+  templates expect), and each output is a ``role: "tool"`` message naming its call.
+
+Refused with a 400 naming the field: images, files and audio (text-only models), an
+output whose ``call_id`` matches no earlier call, hosted tools kvroute cannot run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import TypeAdapter
+
+from router.api.responses.schema import (
+    AdditionalToolsItem,
+    CustomToolCallItem,
+    CustomToolCallOutputItem,
+    FilePart,
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    ImagePart,
+    MessageItem,
+    Part,
+    ReasoningItem,
+    RefusalPart,
+    ResponsesRequest,
+    TextPart,
+    Tool,
+    ToolSearchCallItem,
+    ToolSearchOutputItem,
+)
+from router.api.responses.tools import CUSTOM_INPUT, TOOL_SEARCH, ToolCatalog, template_name
+from router.errors import ApiError
+from router.output.reasoning_parsers.controls import options, with_past_reasoning
+from router.prompt.template import ChatPrompt, place_system, strip_volatile
+
+_TOOLS = TypeAdapter(list[Tool])
+
+
+@dataclass
+class Conversation:
+    """What a stored response keeps: template messages (no system prompt) and the raw
+    tools that came with items (``listed``: in the tool list; ``loaded``: in place)."""
+
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    listed: list[dict[str, Any]] = field(default_factory=list)
+    loaded: list[dict[str, Any]] = field(default_factory=list)
+
+
+def to_chat(req: ResponsesRequest, history: Conversation, system_in_place: bool
+            ) -> tuple[ChatPrompt, Conversation, ToolCatalog]:
+    """(the template's input, the conversation to store, the tools as offered)."""
+    conv = Conversation([dict(m) for m in history.messages], list(history.listed),
+                        list(history.loaded))
+    catalog = ToolCatalog()
+    catalog.listed = catalog.add(req.tools or [], "tools")
+    catalog.listed += catalog.add(_TOOLS.validate_python(conv.listed), "tools")
+    catalog.add(_TOOLS.validate_python(conv.loaded), "tools")
+    calls = {c["id"]: c["function"]["name"] for m in conv.messages
+             for c in m.get("tool_calls", ())}
+    for i, item in enumerate(req.items()):
+        _append(conv, catalog, item, f"input.{i}", calls)
+    messages = list(conv.messages)
+    if req.instructions:
+        messages.insert(0, {"role": "system", "content": strip_volatile(req.instructions)})
+    if req.text and req.text.format and (note := req.text.format.as_response_format()
+                                         .instruction()):
+        messages.insert(0, {"role": "system", "content": note})
+    prompt = ChatPrompt(place_system(messages, system_in_place), catalog.listed or None,
+                        options=options(None, req.reasoning.effort if req.reasoning else None))
+    return prompt, conv, catalog
+
+
+def _append(conv: Conversation, catalog: ToolCatalog, item: Any, where: str,
+            calls: dict[str, str]) -> None:
+    if isinstance(item, MessageItem):
+        role = "system" if item.role == "developer" else item.role
+        text = _text(item.content, f"{where}.content")
+        if role == "assistant" and _thinking_only(conv.messages):
+            conv.messages[-1]["content"] = text  # the answer after its reasoning
+        else:
+            conv.messages.append({"role": role, "content": text})
+    elif isinstance(item, ReasoningItem) and (thought := item.text()):
+        if _thinking_only(conv.messages):  # several reasoning items in a row: one turn
+            thought = f"{conv.messages.pop()['reasoning_content']}\n\n{thought}"
+        conv.messages.append(with_past_reasoning({"role": "assistant", "content": ""}, thought))
+    elif isinstance(item, AdditionalToolsItem):
+        _more_tools(conv, catalog, item.tools, f"{where}.tools", None)
+    elif isinstance(item, FunctionCallItem | CustomToolCallItem | ToolSearchCallItem):
+        calls[_call(conv, item, where)] = _call_name(item)
+    elif isinstance(item, FunctionCallOutputItem | CustomToolCallOutputItem):
+        name = _called(calls, item.call_id, where)
+        conv.messages.append({"role": "tool", "tool_call_id": item.call_id, "name": name,
+                              "content": _text(item.output, f"{where}.output")})
+    elif isinstance(item, ToolSearchOutputItem):
+        call = _called(calls, item.call_id, where) if item.call_id else None
+        _more_tools(conv, catalog, item.tools, f"{where}.tools", item.call_id if call else None)
+
+
+def _thinking_only(messages: list[dict[str, Any]]) -> bool:
+    """The last message is an assistant turn opened by a reasoning item alone."""
+    last = messages[-1] if messages else {}
+    return last.get("role") == "assistant" and not last["content"] and \
+        "tool_calls" not in last and "reasoning_content" in last
+
+
+def _more_tools(conv: Conversation, catalog: ToolCatalog, tools: list[Any], where: str,
+                call_id: str | None) -> None:
+    """Tools arriving with an item: listed before the conversation starts, else in place
+    (as the output of the search that loaded them, or as a system note)."""
+    raw = [t.model_dump(by_alias=True, exclude_none=True) for t in tools]
+    fns = catalog.add(tools, where)
+    if call_id is None and not any(m["role"] != "system" for m in conv.messages):
+        catalog.listed += fns
+        conv.listed += raw
+        return
+    conv.loaded += raw
+    text = "\n".join(json.dumps(f["function"], ensure_ascii=False) for f in fns)
+    if call_id is not None:
+        conv.messages.append({"role": "tool", "tool_call_id": call_id, "name": TOOL_SEARCH,
+                              "content": text})
+    elif fns:
+        conv.messages.append({"role": "system",
+                              "content": f"These tools can be called from now on:\n{text}"})
+
+
+def _call_name(item: FunctionCallItem | CustomToolCallItem | ToolSearchCallItem) -> str:
+    if isinstance(item, ToolSearchCallItem):
+        return TOOL_SEARCH
+    return template_name(item.name, item.namespace)
+
+
+def _call(conv: Conversation, item: Any, where: str) -> str:
+    if isinstance(item, CustomToolCallItem):
+        args: Any = {CUSTOM_INPUT: item.input}
+    elif isinstance(item, ToolSearchCallItem):
+        args = item.arguments if isinstance(item.arguments, dict) else {}
+    else:
+        args = item.arguments
+        with contextlib.suppress(json.JSONDecodeError):
+            args = json.loads(item.arguments)
+    call_id = item.call_id or f"{where}.call"
+    call = {"id": call_id, "type": "function",
+            "function": {"name": _call_name(item), "arguments": args}}
+    msgs = conv.messages
+    if msgs and msgs[-1]["role"] == "assistant":  # the text before the call, or earlier calls
+        msgs[-1].setdefault("tool_calls", []).append(call)
+    else:
+        msgs.append({"role": "assistant", "content": "", "tool_calls": [call]})
+    return call_id
+
+
+def _called(calls: dict[str, str], call_id: str, where: str) -> str:
+    if call_id not in calls:
+        raise ApiError(400, f"{where}.call_id: no call with call_id {call_id!r} comes before "
+                       "this output", "invalid_request", f"{where}.call_id")
+    return calls[call_id]
+
+
+def _text(content: str | list[Part], where: str) -> str:
+    if isinstance(content, str):
+        return content
+    texts = []
+    for j, part in enumerate(content):
+        if isinstance(part, ImagePart | FilePart):
+            raise ApiError(400, f"{where}.{j}: {part.type} parts are not supported: kvroute "
+                           "serves text-only models", "unsupported_content", f"{where}.{j}")
+        texts.append(part.text if isinstance(part, TextPart) else
+                     part.refusal if isinstance(part, RefusalPart) else "")
+    return "".join(texts)

@@ -1,0 +1,285 @@
+"""OpenAI Responses request schema (the subset kvroute serves), validated by pydantic.
+
+As with the other APIs, unknown top-level fields and unknown fields inside known
+items are ignored (Codex adds fields often), and known fields are checked
+strictly. ``input`` items are a union tagged by ``type`` (a bare
+``{"role", "content"}`` is a ``message``): an unknown item type, content part
+type or tool type is a 400 naming it. ``input_image`` / ``input_file`` parts
+parse so the error can say why they are refused (text-only models,
+``router.api.responses.normalize``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    model_validator,
+)
+
+from router.api.common.limits import (
+    MAX_BLOCKS,
+    MAX_DESCRIPTION_CHARS,
+    MAX_MESSAGES,
+    MAX_TEXT_CHARS,
+    MAX_TOOLS,
+)
+from router.api.openai.schema import JsonSchemaFormat, ResponseFormat
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class FunctionTool(_Lenient):
+    type: Literal["function"]
+    name: str = Field(min_length=1, max_length=128)
+    description: str | None = Field(None, max_length=MAX_DESCRIPTION_CHARS)
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class CustomTool(_Lenient):
+    """A freeform tool: the model writes its input as plain text (Codex's ``apply_patch``);
+    offered to the model as a function of one string (``router.api.responses.tools``)."""
+
+    type: Literal["custom"]
+    name: str = Field(min_length=1, max_length=128)
+    description: str | None = Field(None, max_length=MAX_DESCRIPTION_CHARS)
+    format: dict[str, Any] | None = None
+
+
+class NamespaceTool(_Lenient):
+    """A named group of function and custom tools (Codex: ``multi_agent_v1``, ``clock``)."""
+
+    type: Literal["namespace"]
+    name: str = Field(min_length=1, max_length=128)
+    description: str | None = None
+    tools: list[Annotated[FunctionTool | CustomTool, Field(discriminator="type")]] = Field(
+        default_factory=list, max_length=512)
+
+
+class ToolSearchTool(_Lenient):
+    """Search over deferred tools; kvroute serves the client-executed kind."""
+
+    type: Literal["tool_search"]
+    execution: Literal["client", "server"] = "client"
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class WebSearchTool(_Lenient):
+    """Accepted and left out of the prompt: Codex offers it on every request."""
+
+    type: Literal["web_search", "web_search_preview"]
+
+
+class HostedTool(_Lenient):
+    """A tool OpenAI runs itself: kvroute cannot run it (a 400 naming it)."""
+
+    type: Literal["file_search", "code_interpreter", "computer_use_preview", "computer",
+                  "image_generation", "mcp", "local_shell", "shell", "apply_patch"]
+
+
+Tool = Annotated[FunctionTool | CustomTool | NamespaceTool | ToolSearchTool | WebSearchTool
+                 | HostedTool, Field(discriminator="type")]
+
+
+class TextPart(_Lenient):
+    """``input_text`` (user, system, developer) and ``output_text`` (assistant)."""
+
+    type: Literal["input_text", "output_text", "text", "summary_text"]
+    text: str = Field(max_length=MAX_TEXT_CHARS)
+
+
+class RefusalPart(_Lenient):
+    type: Literal["refusal"]
+    refusal: str = ""
+
+
+class ImagePart(_Lenient):
+    type: Literal["input_image"]
+
+
+class FilePart(_Lenient):
+    type: Literal["input_file", "input_audio"]
+
+
+Part = Annotated[TextPart | RefusalPart | ImagePart | FilePart, Field(discriminator="type")]
+
+
+class MessageItem(_Lenient):
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: (Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
+              | Annotated[list[Part], Field(max_length=MAX_BLOCKS)])
+
+
+class _Call(_Lenient):
+    call_id: str = Field(min_length=1, max_length=256)
+    name: str = Field(min_length=1, max_length=128)
+    namespace: str | None = Field(None, max_length=128)
+
+
+class _Output(_Lenient):
+    call_id: str = Field(min_length=1, max_length=256)
+    output: (Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
+             | Annotated[list[Part], Field(max_length=MAX_BLOCKS)]) = ""
+
+
+class FunctionCallItem(_Call):
+    type: Literal["function_call"]
+    arguments: str = Field("{}", max_length=MAX_TEXT_CHARS)
+
+
+class FunctionCallOutputItem(_Output):
+    type: Literal["function_call_output"]
+
+
+class CustomToolCallItem(_Call):
+    """A call of a freeform (``custom``) tool, such as Codex's ``apply_patch``."""
+
+    type: Literal["custom_tool_call"]
+    input: str = Field("", max_length=MAX_TEXT_CHARS)
+
+
+class CustomToolCallOutputItem(_Output):
+    type: Literal["custom_tool_call_output"]
+
+
+class AdditionalToolsItem(_Lenient):
+    """Tools made available from this point on (Codex sends its tools this way)."""
+
+    type: Literal["additional_tools"]
+    role: Literal["developer"] = "developer"
+    tools: list[Tool] = Field(default_factory=list, max_length=512)
+
+
+class ToolSearchCallItem(_Lenient):
+    type: Literal["tool_search_call"]
+    call_id: str | None = Field(None, max_length=256)
+    arguments: Any = None
+    execution: Literal["client", "server"] | None = None
+
+
+class ToolSearchOutputItem(_Lenient):
+    """The tools a client-side search loaded: callable from here on."""
+
+    type: Literal["tool_search_output"]
+    call_id: str | None = Field(None, max_length=256)
+    tools: list[Tool] = Field(default_factory=list, max_length=512)
+
+
+class ReasoningText(_Lenient):
+    type: str = "reasoning_text"
+    text: str = Field("", max_length=MAX_TEXT_CHARS)
+
+
+class ReasoningItem(_Lenient):
+    """Earlier reasoning: its ``content`` texts (else its ``summary``) are the next
+    assistant message's past reasoning; ``encrypted_content`` is ignored."""
+
+    type: Literal["reasoning"]
+    content: list[ReasoningText] | None = Field(None, max_length=MAX_MESSAGES)
+    summary: list[ReasoningText] = Field(default_factory=list, max_length=MAX_MESSAGES)
+
+    def text(self) -> str:
+        return "".join(p.text for p in self.content or self.summary)
+
+
+class ReasoningConfig(_Lenient):
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = \
+        None  # passed to thinking templates
+    summary: str | None = None  # accepted; kvroute returns the reasoning, not a summary
+
+
+def _item_type(value: Any) -> str:
+    """The item's tag; bracketed, so a 400 names ``input.N.field``, not the tag (the
+    error path drops union labels, ``router.api.common.request``)."""
+    kind = value.get("type", "message") if isinstance(value, dict) \
+        else getattr(value, "type", "message")
+    return f"[{kind}]"
+
+
+InputItem = Annotated[
+    Annotated[MessageItem, Tag("[message]")]
+    | Annotated[FunctionCallItem, Tag("[function_call]")]
+    | Annotated[FunctionCallOutputItem, Tag("[function_call_output]")]
+    | Annotated[CustomToolCallItem, Tag("[custom_tool_call]")]
+    | Annotated[CustomToolCallOutputItem, Tag("[custom_tool_call_output]")]
+    | Annotated[AdditionalToolsItem, Tag("[additional_tools]")]
+    | Annotated[ToolSearchCallItem, Tag("[tool_search_call]")]
+    | Annotated[ToolSearchOutputItem, Tag("[tool_search_output]")]
+    | Annotated[ReasoningItem, Tag("[reasoning]")],
+    Discriminator(_item_type),
+]
+
+
+class NamedTool(_Lenient):
+    type: Literal["function", "custom"]
+    name: str = Field(min_length=1)
+    namespace: str | None = None
+
+
+class TextFormat(_Lenient):
+    """``text.format``: the Responses spelling of chat's ``response_format``."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: str = "response"
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> TextFormat:
+        try:  # the chat API's rules (a strict json_schema is refused) at parse time
+            self.as_response_format()
+        except ValidationError as e:
+            raise ValueError(e.errors()[0]["msg"].removeprefix("Value error, ")) from None
+        return self
+
+    def as_response_format(self) -> ResponseFormat:
+        if self.type != "json_schema":
+            return ResponseFormat(type=self.type)
+        schema = JsonSchemaFormat(name=self.name, schema=self.schema_, strict=self.strict,
+                                  description=self.description)
+        return ResponseFormat(type="json_schema", json_schema=schema)
+
+
+class TextConfig(_Lenient):
+    format: TextFormat | None = None
+    verbosity: str | None = None  # accepted; the engines have no verbosity control
+
+
+class ResponsesRequest(_Lenient):
+    model: str = Field(min_length=1)
+    input: (Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
+            | Annotated[list[InputItem], Field(max_length=MAX_MESSAGES)]) = Field(
+        description="A string, or a list of input items.")
+    instructions: str | None = Field(None, max_length=MAX_TEXT_CHARS)
+    tools: list[Tool] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: Literal["none", "auto", "required"] | NamedTool | None = None
+    parallel_tool_calls: bool | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    text: TextConfig | None = None
+    reasoning: ReasoningConfig | None = None
+    metadata: dict[str, str] | None = Field(None, max_length=16)
+    user: str | None = None
+    prompt_cache_key: str | None = None
+    store: bool = True
+    previous_response_id: str | None = Field(None, min_length=1, max_length=256)
+    stream: bool = False
+
+    def items(self) -> list[Any]:
+        """``input`` as items: a string is one user message."""
+        if isinstance(self.input, str):
+            return [MessageItem(role="user", content=self.input)]
+        return list(self.input)
