@@ -40,7 +40,7 @@ __all__ = ["MemoryPrefixIndex"]
 
 _SWEEP_PER_WRITE = 16  # LRU-head keys examined per write for expired entries
 # Blocks per step of a routed write: a cold 156k-token prompt's 2.4k new blocks in one
-# step held the event loop 7-10 ms, and every stream on the router with it (session 13).
+# step held the event loop 7-10 ms, and every stream on the router with it.
 _WRITE_STEP = 512
 
 BlockKey = tuple[str, int]
@@ -283,7 +283,7 @@ class MemoryPrefixIndex:
         return found[0], found[1]
 
     async def record_session(self, session_id: str, model: str, replica: str) -> None:
-        key = _session_digest(session_id)  # 16 bytes, however long the id (review finding 8)
+        key = _session_digest(session_id)  # 16 bytes, however long the id
         self._sessions[key] = (model, replica, self._clock() + self.settings.session_ttl_s)
         self._sessions.move_to_end(key)
         while len(self._sessions) > MAX_SESSIONS:

@@ -57,7 +57,7 @@ class ResilientIndex:
         self.fallback = fallback
         self._op_timeout_s = op_timeout_s  # hard cap on hot-path calls, on top of socket timeouts
         # and on maintenance calls: a Redis that trickles bytes never trips the socket
-        # timeout, and must not hold the maintenance loop past its period (finding 21)
+        # timeout, and must not hold the maintenance loop past its period
         self._maintenance_timeout_s = maintenance_timeout_s
         self.breaker = CircuitBreaker("prefix index", backoff_s, on_error,
                                       meanwhile="using the local fallback")

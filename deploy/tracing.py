@@ -25,7 +25,7 @@ _provider: object | None = None
 # The OTEL_* variables copied into every replica's runtime_env (stored in GCS, shown on the
 # dashboard): an allow-list of non-secret settings. OTEL_EXPORTER_OTLP_HEADERS (and the
 # traces variant), which usually carry a collector token, are never copied: set them in
-# each node's or pod's own environment, which Ray's workers inherit (review finding 17).
+# each node's or pod's own environment, which Ray's workers inherit.
 _BSP = ("SCHEDULE_DELAY", "EXPORT_TIMEOUT", "MAX_QUEUE_SIZE", "MAX_EXPORT_BATCH_SIZE")
 _OTLP = ("ENDPOINT", "PROTOCOL", "TIMEOUT", "COMPRESSION", "CERTIFICATE", "INSECURE")
 TRACE_ENV_ALLOWED = frozenset({
@@ -91,7 +91,7 @@ def _make_provider(service_name: str) -> object:
 def sampler_from_env() -> Any:
     """``OTEL_TRACES_SAMPLER``, except that a parent-based sampler never lets a *remote*
     parent's sampled flag decide: a client could otherwise force every request it sends
-    into the traces (review finding 15). The root sampler decides for remote parents too;
+    into the traces. The root sampler decides for remote parents too;
     ratio sampling is a pure function of the trace id, so router and workers still agree."""
     from opentelemetry.sdk.trace import sampling
 

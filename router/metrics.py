@@ -36,7 +36,7 @@ HOST_CACHED_TOKENS = Counter("kvroute_host_cached_tokens",
 PREDICTED_TOKENS = Counter("kvroute_predicted_cached_tokens",
                            "Prompt tokens the router predicted cached", ["model"],
                            registry=REGISTRY)
-# Per API key (review finding 20): the label is a key name from the config (or "keyed"
+# Per API key: the label is a key name from the config (or "keyed"
 # unless auth.key_names_in_metrics), "anonymous" with keys off, "unauthenticated" for 401s.
 KEY_REQUESTS = Counter("kvroute_key_requests", "API requests per key by outcome",
                        ["key", "model", "status"], registry=REGISTRY)

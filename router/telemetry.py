@@ -129,7 +129,7 @@ def _request_id(headers: Any) -> str:
 
 
 def span_name(method: str, path: str) -> str:
-    """The route, never the raw path: clients must not mint span names (review finding 15)."""
+    """The route, never the raw path: clients must not mint span names."""
     return f"{method} {path if path in API_ROUTES else '/v1/{unknown}'}"
 
 

@@ -44,7 +44,7 @@ def ray_local() -> Iterator[None]:
     runtime.shutdown()
 
 
-# A password-protected Redis for index.redis_url_env (issue 14 item 8): its URL must be in
+# A password-protected Redis for index.redis_url_env: its URL must be in
 # the environment before Ray starts, as it would be in every pod, since Serve replicas read
 # it from their own environment (never from Serve's config).
 SECURE_REDIS_PASSWORD = "kvroute-test-secret-7f3a"

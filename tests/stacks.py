@@ -100,6 +100,6 @@ def counter(url: str, name: str) -> float:
 
 
 def report_fault(fault: str, sent: int, failed: int, retried: float, worst_s: float) -> None:
-    """One line per fault test (``pytest -s``): the figures issue 10 asks for."""
+    """One line per fault test (``pytest -s``): what the fault costs: requests, errors, recovery."""
     print(f"\nFAULT {fault}: sent {sent}, failed {failed}, retried {retried:.0f}, "
           f"worst {worst_s:.3f} s")

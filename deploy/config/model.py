@@ -112,7 +112,7 @@ class ModelConfig(Strict):
         "held, and a stream slower than this is not touched. Default 20 ms (50 chunks/s, "
         "above what a reader or an agent's parser can use): per chunk, the worker, the "
         "router and the client each pay a write and a wake-up, most of the router's CPU on "
-        "fast streams (docs/benchmarks.md, issue 16). 0: every token its own chunk, as "
+        "fast streams (docs/benchmarks.md, router overhead). 0: every token its own chunk, as "
         "vLLM and SGLang do by default (workers.transport.stream_pacing).",
     )
     default_max_tokens: int = Field(

@@ -1,4 +1,4 @@
-"""The router's own end-to-end deadline and client-disconnect watch (issue 14 item 6).
+"""The router's own end-to-end deadline and client-disconnect watch.
 
 Ray Serve's proxy honours two client headers before kvroute runs:
 ``x-request-timeout-seconds`` (``0`` lifts ``http_options.request_timeout_s``) and

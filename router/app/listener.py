@@ -2,7 +2,7 @@
 
 Through Serve's proxy, every streamed event crosses two more processes' worth of work: the
 replica hands each SSE write to Serve as one gRPC message, and the proxy's uvicorn writes it
-again (docs/benchmarks.md, issue 16). With ``direct``, each router replica serves
+again (docs/benchmarks.md, router overhead). With ``direct``, each router replica serves
 ``server.host:server.port`` itself. The socket has SO_REUSEPORT, so every router replica on a
 node listens on the same port and the kernel spreads new connections over them (a
 connection stays with its replica). Serve's proxy moves to a free loopback port

@@ -175,7 +175,7 @@ def boundary_tokens(tok: Tokenizer, rendered: Sequence[str]) -> tuple[str, ...]:
 # -- the cache ----------------------------------------------------------------------------
 # Ids per step of the pool thread's work on a prompt's ids. One C call over a cold 155k-id
 # prompt holds the GIL 3-8 ms, and the event loop waits for it: every stream on the router
-# stalls (session 13's loop-lag probe). Between steps the interpreter can hand the GIL over.
+# stalls (found with a loop-lag probe). Between steps the interpreter can hand the GIL over.
 _STEP = 8192
 
 

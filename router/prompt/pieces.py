@@ -4,7 +4,7 @@ else in the ``tokenizers`` library's thread pool.
 ``Tokenizer.encode_batch_fast`` hands its batch to that (rayon) pool and waits, even for
 one short piece. When a cold long prompt's encode holds the pool, a short prompt encoded
 inline on the event loop waited for it: 19 ms, with every stream on the router
-(session 13's loop-lag probe). So on a thread that runs an event loop, a batch below
+(found with a loop-lag probe). So on a thread that runs an event loop, a batch below
 ``INLINE_CHARS`` is encoded piece by piece right there (``Tokenizer.encode``, the
 reference the prompt cache's property tests compare with: the ids are the same). The
 tokenize pool's threads keep the batch call: no offsets computed, pieces in parallel."""

@@ -74,7 +74,7 @@ def tokenize_pool(config: PromptCacheConfig) -> ThreadPoolExecutor:
     ``tokenizers`` library releases the GIL while it encodes). Python work on a prompt's
     ids holds the GIL, so the process's switch interval drops to ``switch_interval_ms``:
     at the default 5 ms the event loop waited that long each time it wanted the GIL back,
-    and a cold 156k-token prompt stalled every stream on the router (session 13)."""
+    and a cold 156k-token prompt stalled every stream on the router."""
     global _POOL
     with _POOL_LOCK:
         if _POOL is None:

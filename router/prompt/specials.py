@@ -1,4 +1,4 @@
-"""Special-token strings in client text are text, never control tokens (review finding 11).
+"""Special-token strings in client text are text, never control tokens.
 
 A chat prompt is the template's rendering of client strings (message contents, tool
 results, tool definitions, names, the system text, an assistant prefill). Tokenizing that

@@ -1,4 +1,4 @@
-"""Review finding 21: maintenance calls were bounded only by Redis's socket timeout (50 ms
+"""Maintenance calls were bounded only by Redis's socket timeout (50 ms
 per command). A slow Redis that answers every command just under it still holds a call
 for as many round trips as it makes: ``stats`` makes one per model, so with 40 models a
 maintenance tick took over a second, longer than its period. Each maintenance call now has

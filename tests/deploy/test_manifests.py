@@ -162,7 +162,7 @@ def test_cluster_configs_two_autoscaled_models_and_redis(name: str) -> None:
 
 @pytest.mark.parametrize("name", ["cluster.yaml", "rayservice.yaml"])
 def test_cluster_configs_require_api_keys(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Review finding 5: the reference configs bind 0.0.0.0, so they must not deploy open;
+    """The reference configs bind 0.0.0.0, so they must not deploy open;
     keys come from KVROUTE_API_KEYS where the app is built, and server.host is the bind."""
     sc = _serve_config(name)
     cfg = KvrouteConfig.model_validate(_kvroute_app(sc)["args"])
@@ -300,7 +300,7 @@ def _server_args(deployment: dict[str, Any]) -> dict[str, str]:
 
 
 def test_rate_limits_have_their_own_redis_that_never_evicts() -> None:
-    """Issue 14 item 8: the limiter's state is not in the index's evicting Redis."""
+    """The limiter's state is not in the index's evicting Redis."""
     app = _kvroute_app(_serve_config("rayservice.yaml"))
     store = KvrouteConfig.model_validate(app["args"]).auth.rate_limit_store
     assert store.redis_url and store.redis_url.startswith(_redis_url_of("kvroute-redis-limits"))
@@ -451,7 +451,7 @@ def test_docs_reference_existing_files(doc: str) -> None:
 
 
 def test_ray_pods_run_restricted() -> None:
-    """Review finding 18: every Ray pod runs as the images' non-root user with no privilege
+    """Every Ray pod runs as the images' non-root user with no privilege
     escalation, no capabilities and the runtime's seccomp profile; the CPU pods (head,
     routers) have a read-only root filesystem with /tmp and the home as emptyDirs."""
     rc = _rayservice()["spec"]["rayClusterConfig"]

@@ -1,4 +1,4 @@
-"""Review finding 17: the builder copied every OTEL_* variable into each replica's
+"""The builder copied every OTEL_* variable into each replica's
 runtime_env (stored in GCS, visible on the dashboard), OTEL_EXPORTER_OTLP_HEADERS (often a
 collector token) included. Only an allow-list of non-secret settings is copied now."""
 
@@ -31,7 +31,7 @@ def test_only_non_secret_otel_settings_reach_replicas(monkeypatch: pytest.Monkey
 ])
 def test_a_remote_sampled_flag_does_not_force_sampling(
         monkeypatch: pytest.MonkeyPatch, sampler: str, arg: str | None, decision: str) -> None:
-    """Review finding 15: with ``parentbased_*`` samplers (the manifests'), the incoming
+    """With ``parentbased_*`` samplers (the manifests'), the incoming
     ``traceparent``'s sampled flag decided; now the root sampler does."""
     from opentelemetry import trace
     from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags

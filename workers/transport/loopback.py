@@ -3,7 +3,7 @@ Serve message per chunk (``router.stream_transport: loopback``).
 
 Why: on the agent workload each streamed token crossed Ray Serve as its own actor-stream
 message (pickled, gRPC, an object ref per item), which cost the router replica more CPU
-than all its own work per request (docs/benchmarks.md, issue 16). Here a request still
+than all its own work per request (docs/benchmarks.md, router overhead). Here a request still
 starts over the Serve handle, so Serve's request router, queue bound, retries before the
 first message, ``Rejected`` and cancellation all stay as they are; only the chunks after
 the first go over a plain TCP connection on 127.0.0.1:

@@ -4,7 +4,7 @@ loopback``), answered on the same connection (frames in ``workers.transport.loop
 
 Why: starting a request through Serve's handle (its request router, a gRPC call, the
 request pickled, a Serve stream for the first and last message) cost the router replica
-~8 ms of Python per agent turn, ~2 ms with calls (docs/benchmarks.md, issue 16).
+~8 ms of Python per agent turn, ~2 ms with calls (docs/benchmarks.md, router overhead).
 
 What Serve did for such a request is done here instead:
 - the bound: a call is refused with ``BUSY`` when the replica already runs

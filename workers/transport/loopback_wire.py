@@ -67,7 +67,7 @@ def _from_ids(data: bytes | memoryview) -> U32Ids:
 async def ids_in_steps(data: bytes | memoryview) -> U32Ids:
     """``_from_ids`` ``IDS_STEP`` ids at a time, yielding to the loop between: one
     ``tolist`` of a 156k-id prompt held the replica's loop 6-10 ms, and every stream it
-    serves with it (session 13)."""
+    serves with it."""
     view, ids = memoryview(data), U32Ids()
     for start in range(0, len(view), 4 * IDS_STEP):
         if start:

@@ -4,7 +4,7 @@ interval leaves a replica; the tokens released meanwhile go out merged in the ne
 Why: past the first token, every chunk costs the worker a frame, the router a read, an
 SSE event and a write to the client, and on a VM each of those system calls and wake-ups
 is tens of microseconds: per-token overhead was over half the router's CPU per agent
-turn (docs/benchmarks.md, issue 16). vLLM, SGLang and TensorRT-LLM offer the same knob
+turn (docs/benchmarks.md, router overhead). vLLM, SGLang and TensorRT-LLM offer the same knob
 (``stream_interval``, in tokens, default 1); here it is in time, so a slow stream is
 never held: with 40 ms between tokens, a 20 ms interval changes nothing. kvroute's
 default is 20 ms: 50 chunks a second is more than a reader or an agent's parser uses,

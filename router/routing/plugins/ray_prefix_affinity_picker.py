@@ -15,7 +15,7 @@ Decision, in order:
 Ray only evicts from its tree when ``do_eviction`` is set (then every 10 s, above
 a character threshold); here every tree is trimmed to ``max_blocks`` (32768 blocks, 2M
 tokens at 64 a block, SGLang's cap; None: never, as Ray's default) every ``trim_interval_s``
-(Ray's eviction interval), so the router's memory stays bounded (review finding 16). Ties
+(Ray's eviction interval), so the router's memory stays bounded. Ties
 go to the first candidate.
 """
 

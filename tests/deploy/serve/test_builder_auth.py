@@ -1,4 +1,4 @@
-"""Review finding 5: API keys are resolved once, in the app builder, and reach every router
+"""API keys are resolved once, in the app builder, and reach every router
 replica as digests in its deployment args; ``auth.required`` refuses an open non-loopback
 bind. Built offline with Serve's own ``build_app`` (no Ray)."""
 

@@ -1,4 +1,4 @@
-"""Issue 14 item 9 (review finding 10): the router deployment bounds the proxy's queue and
+"""The router deployment bounds the proxy's queue and
 every Serve config bounds a request end to end. Built offline with Serve's own
 ``build_app`` (no Ray); the manifests are read as shipped."""
 

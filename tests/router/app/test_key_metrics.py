@@ -1,4 +1,4 @@
-"""Per-key metrics and the access log (review finding 20), through the real telemetry
+"""Per-key metrics and the access log, through the real telemetry
 middleware and authenticator in a small ASGI app: one structured line per API request
 (key name, model, replica, status, tokens, latency; never the key or the prompt) and the
 ``kvroute_key_*`` counters, labelled with key names only when the config says so."""

@@ -72,7 +72,7 @@ class _CountingHub:
 
 
 async def test_metrics_cache_merges_once_per_second_for_any_number_of_scrapes() -> None:
-    """Review finding 6: /metrics is open, so a scrape flood must not cost a push and a
+    """/metrics is open, so a scrape flood must not cost a push and a
     cluster-wide merge each; concurrent scrapes share one, and it is reused for ~1 s."""
     from router.app.metrics_hub import CACHE_S, MetricsCache
 

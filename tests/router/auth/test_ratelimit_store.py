@@ -1,4 +1,4 @@
-"""Issue 14 item 8 (review finding 9): the rate-limit state can live in its own Redis
+"""The rate-limit state can live in its own Redis
 (``auth.rate_limit_store``), one that does not evict. Real redis-servers: the index's, set to
 evict (``volatile-lru`` and a small ``maxmemory``, as the reference manifests run it), and
 the limiter's own, ``noeviction``. Index growth that evicts the shared store's limit keys

@@ -184,7 +184,7 @@ def test_a_placed_request_is_never_sent_again_while_it_prefills() -> None:
 
 
 def test_a_client_leaving_before_the_first_message_cancels_the_worker_request() -> None:
-    """Review finding 4: the wait for the first message (queue + prefill) was not
+    """The wait for the first message (queue + prefill) was not
     cancellable; the worker request ran on and the load ticket leaked."""
     handle = FakeHandle({"r1": "hang"})
     d, loads, _ = dispatcher({"m": handle})

@@ -1,4 +1,4 @@
-"""Special-token strings in client text encode as text, never as control tokens (finding 11).
+"""Special-token strings in client text encode as text, never as control tokens.
 
 Unit checks on the tiny model's tokenizer (ChatML) and the Llama-3-shaped one, then the
 prompt cache's property: with such strings in user text, tool results, tool definitions,

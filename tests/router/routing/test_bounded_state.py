@@ -1,4 +1,4 @@
-"""Bounded state (issue 14 item 7): each per-request, per-session or per-replica map a
+"""Bounded state: each per-request, per-session or per-replica map a
 long-lived router object keeps is filled past its bound here, and must stay at it.
 
 Maps bounded by construction (and why) are listed in docs/reliability.md, "Bounded state"."""
@@ -16,7 +16,7 @@ from tests.router.routing.test_baseline_plugins import _cands, _ctx, _route
 
 
 def test_memory_index_keeps_session_digests_and_at_most_max_sessions() -> None:
-    """Review finding 8: ids were kept verbatim (40 x 2 MiB ids: +98 MiB) and by count only."""
+    """Session ids were kept verbatim (40 x 2 MiB ids: +98 MiB) and by count only."""
     index = MemoryPrefixIndex(IndexSettings())
 
     async def fill() -> tuple[str, str] | None:
@@ -49,7 +49,7 @@ def test_prefill_rates_forget_the_least_recently_seen_replicas() -> None:
 
 
 def test_ray_prefix_affinity_tree_is_trimmed_by_default() -> None:
-    """Review finding 16: the baseline profile's tree was never trimmed (max_blocks None)."""
+    """The baseline profile's tree was never trimmed (max_blocks None)."""
     p = make_plugin("ray-prefix-affinity-picker", "picker", {})
     cap = p.tree.max_blocks  # type: ignore[attr-defined]
     assert cap is not None

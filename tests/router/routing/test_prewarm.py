@@ -220,8 +220,8 @@ REQUEST = contextvars.ContextVar("request", default="none")
 
 async def test_a_warm_up_runs_in_no_requests_context() -> None:
     """The request that first sees a new replica starts its warm-up; the warm-up's logs,
-    spans and Serve request id must not name that request (they did: issue 20's stranded
-    request looked like it had sent the warm-ups)."""
+    spans and Serve request id must not name that request (they once did, and a stranded
+    request looked as if it had sent the warm-ups)."""
     seen: list[str] = []
 
     class Recording(Sender):

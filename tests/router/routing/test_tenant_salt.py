@@ -1,4 +1,4 @@
-"""Tenant salts on the router side (issue 14 item 3): the block hashes a router looks up
+"""Tenant salts on the router side: the block hashes a router looks up
 differ between tenants for the same prompt and agree for one tenant; the predicted-cached
 header is off by default when several keyed tenants share one cache."""
 

@@ -203,7 +203,7 @@ async def test_block_stored_hashes_are_canonical(case: EngineCase) -> None:
 
 
 async def test_cache_salts_keep_tenants_apart(case: EngineCase) -> None:
-    """Issue 14 item 3: a prompt reuses only KV stored under its own cache salt (the tenant),
+    """Tenant isolation: a prompt reuses only KV stored under its own cache salt (the tenant),
     and the salt enters the events' hashes, as it enters the router's lookups."""
     async with running(case) as engine:
         tokens = prompt(100, 8)  # 6 full blocks

@@ -1,4 +1,4 @@
-"""Security review finding 1 on the real mlx engine (tiny model, CPU MLX): a job whose
+"""A bad sampling request on the real mlx engine (tiny model, CPU MLX): a job whose
 sampling input the engine refuses fails alone, as an input error (a 400 at the worker
 shim), while the sequences already decoding in the same batch run to their end."""
 

@@ -338,7 +338,7 @@ def test_autoscaling_stats_are_exact_seconds_and_round_trip_through_serve() -> N
 
 
 def test_background_work_never_reads_as_offered_load() -> None:
-    """A pre-warm (issue 20): its prefill must not raise ``prefill_work_s`` while it runs,
+    """A pre-warm: its prefill must not raise ``prefill_work_s`` while it runs,
     nor stay in it when it is cancelled at its time bound; user work still counts."""
     core, bg = SimCore(SimParams(prefill_tok_s=400.0)), BackgroundWork()
 

@@ -135,7 +135,7 @@ def test_mapper_skips_blocks_with_an_unknown_parent_and_forwards_clears() -> Non
 
 
 def test_mapper_salts_a_chain_by_the_cache_salt_vllm_reports() -> None:
-    """Issue 14 item 3: vLLM folds a request's cache_salt into its root block's extra keys;
+    """Tenant isolation: vLLM folds a request's cache_salt into its root block's extra keys;
     the canonical chain is then hashed with the same tenant salt as the router's lookups."""
     tokens, b = prompt(2 * C, 41), 16
     hs = vllm_hashes(tokens, b)
@@ -299,7 +299,7 @@ class TestEngine:
 
     async def test_a_bad_seed_fails_alone_next_to_three_streams(
             self, engine: VllmEngine) -> None:
-        """Issue 14 item 1 on vLLM: a seed torch cannot take is refused as that request's
+        """Bad sampling on vLLM: a seed torch cannot take is refused as that request's
         input (InputRejected, a 400 the router does not retry); 3 streams running beside
         it finish all their tokens."""
         streams = [asyncio.ensure_future(run(engine, prompt(120, 40 + i), f"beside{i}",
