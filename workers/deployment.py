@@ -14,7 +14,7 @@ import contextlib
 import itertools
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import ray
 from ray import serve
@@ -23,7 +23,6 @@ from cache_service import index_from_config
 from deploy.config import IndexConfig, ModelConfig
 from deploy.tracing import setup_tracing, shutdown_tracing
 from workers.engines import make_engine
-from workers.engines.sim.engine import SimEngine
 from workers.protocol import (
     AutoscalingStats,
     BackgroundWork,
@@ -42,9 +41,6 @@ from workers.publisher import IndexPublisher
 from workers.spans import GenerationSpans
 from workers.transport.loopback import LoopbackServer
 from workers.transport.stream_pacing import paced
-
-if TYPE_CHECKING:
-    from workers.engines.sim.vllm_wire import VllmEventPublisher
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +122,6 @@ class ModelWorker:
             self._publisher = IndexPublisher(self._engine, index, self._cfg.name, self._replica,
                                              idx.publish_flush_s, idx.heartbeat_s)
             self._publisher.start()
-        self._kv_events = self._vllm_events(idx.block_size)
         self._loopback: LoopbackServer | None = None
         self._serve_calls = 0  # generate() calls running (Serve's handle)
         self._calls = LoopbackCalls(self, self._replica, self._cfg.max_ongoing_requests)
@@ -139,17 +134,6 @@ class ModelWorker:
                                        direct_token)  # the builder's per-deployment token
             await self._direct.start()
         log.info("worker %s/%s ready (%s)", self._cfg.name, self._replica, self._cfg.engine)
-
-    def _vllm_events(self, block_size: int) -> VllmEventPublisher | None:
-        """The vLLM-format event publisher (benchmarks of peer routers), if configured."""
-        opts = self._cfg.vllm_kv_events
-        if opts is None or not isinstance(self._engine, SimEngine):
-            return None
-        from workers.engines.sim.vllm_wire import VllmEventPublisher
-
-        pub = VllmEventPublisher(block_size, opts.block_size)
-        self._engine.set_event_tap(pub)
-        return pub
 
     async def generate(
         self, request: WorkRequest, kvroute_rank: list[str] | None = None
@@ -245,7 +229,7 @@ class ModelWorker:
             "replica": self._replica,
             "node": self._node,
             "http": self._direct.address if self._direct else None,
-            "kv_events": self._kv_events.endpoint if self._kv_events else None,
+            "kv_events": self._engine.kv_events_endpoint,
             "loopback_streams": self._handoffs,
             "loopback_calls": self._calls.total,
             **stats.routing_stats(),
@@ -271,6 +255,4 @@ class ModelWorker:
         if self._publisher is not None:
             await self._publisher.stop()
         await self._engine.shutdown()
-        if self._kv_events is not None:
-            self._kv_events.close()
         shutdown_tracing()

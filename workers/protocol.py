@@ -352,6 +352,10 @@ def parse_chunk(payload: memoryview) -> tuple[str, tuple[int, ...]]:
 class Engine(Protocol):
     """What the worker deployment needs from an engine."""
 
+    # Where the engine publishes its KV events in vLLM's ZMQ wire format, for peer routers
+    # that read them (benchmarks); None for an engine that publishes none.
+    kv_events_endpoint: str | None
+
     async def start(self) -> None: ...
 
     def generate(self, request: GenerateRequest) -> AsyncIterator[TokenChunk | Finished]: ...

@@ -36,7 +36,12 @@ def _sim(cfg: ModelConfig, replica: str, block_size: int) -> Engine:
         raise ValueError(f"sim engine_kwargs.script_path must be a string, got {script_path!r}")
     params = SimParams.from_kwargs(kw, block_size)
     script = SimScript.load(script_path, cfg.model_path) if script_path is not None else None
-    return SimEngine(cfg.name, replica, block_size, params, script)
+    engine = SimEngine(cfg.name, replica, block_size, params, script)
+    if cfg.vllm_kv_events is not None:  # benchmarks of peer routers that read vLLM's events
+        from workers.engines.sim.vllm_wire import VllmEventPublisher
+
+        engine.set_event_tap(VllmEventPublisher(block_size, cfg.vllm_kv_events.block_size))
+    return engine
 
 
 def _vllm(cfg: ModelConfig, replica: str, block_size: int) -> Engine:

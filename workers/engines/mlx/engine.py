@@ -46,6 +46,8 @@ class MlxEngine:
     ``BatchLoop._prefill_settings``.
     """
 
+    kv_events_endpoint: str | None = None  # its events reach the index only
+
     def __init__(
         self,
         model_path: str,

@@ -109,6 +109,10 @@ class SimEngine:
         of peer routers, ``workers.engines.sim.vllm_wire``), besides kvroute's own drain."""
         self._tap = tap
 
+    @property
+    def kv_events_endpoint(self) -> str | None:
+        return self._tap.endpoint if self._tap is not None else None
+
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
 
@@ -191,6 +195,8 @@ class SimEngine:
         for rid in list(self._streams):
             await self.abort(rid)
         self._closed = True
+        if self._tap is not None:
+            self._tap.close()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

@@ -119,6 +119,8 @@ def _usage_logger_factory(cell: list[float]) -> Any:
 
 
 class VllmEngine:
+    kv_events_endpoint: str | None = None  # vLLM's own ZMQ publisher feeds kvroute's index
+
     def __init__(
         self, model_path: str, model_name: str, replica_id: str, block_size: int,
         engine_kwargs: EngineKwargs | None = None,

@@ -157,3 +157,25 @@ def test_runs_split_where_blocks_do_not_chain() -> None:
 def test_block_size_must_divide_the_canonical_one() -> None:
     with pytest.raises(ValueError, match="divide"):
         VllmEventEncoder(64, 24)
+
+
+async def test_the_registry_gives_a_sim_replica_its_publisher_and_shutdown_closes_it() -> None:
+    """``vllm_kv_events`` on a sim model: the engine the registry makes publishes on loopback
+    (the endpoint the replica's load report names) and stops when the engine shuts down."""
+    from deploy.config import ModelConfig
+    from workers.engines import make_engine
+
+    base = {"name": "sim", "engine": "sim", "model_path": "unused"}
+    plain = make_engine(ModelConfig.model_validate(base), "r0", CANON)
+    assert plain.kv_events_endpoint is None
+    cfg = ModelConfig.model_validate({**base, "vllm_kv_events": {"block_size": 16}})
+    engine = make_engine(cfg, "r0", CANON)
+    endpoint = engine.kv_events_endpoint
+    assert endpoint is not None and endpoint.startswith("tcp://127.0.0.1:")
+    await engine.start()
+    await engine.shutdown()
+    sock = zmq.Context.instance().socket(zmq.PUB)
+    try:  # the port is free again: the publisher's socket was closed
+        sock.bind(endpoint)
+    finally:
+        sock.close(0)
