@@ -21,7 +21,7 @@ def free_port() -> int:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from ops.tiny_model import ensure_model
+    from ops.models.tiny_model import ensure_model
 
     cache = Path(os.environ.get("KVROUTE_CACHE_DIR", tmp_path_factory.mktemp("kvroute-cache")))
     return ensure_model(cache)

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING
 
 from deploy.config import EngineName, IndexConfig, KvrouteConfig, ModelConfig, load_config
 from ops.bench.cli import add_parser as add_bench
-from ops.keys import add_parser as add_keys
+from ops.commands.keys import add_parser as add_keys
+from ops.commands.status import add_parser as add_status
+from ops.models.tiny_model import add_family_arg, default_cache_dir, ensure_model
 from ops.sim.cli import add_parser as add_sim
 from ops.soak import add_parser as add_soak
-from ops.status import add_parser as add_status
-from ops.tiny_model import add_family_arg, default_cache_dir, ensure_model
 
 if TYPE_CHECKING:
     from deploy.cli.console import UpConsole
@@ -128,7 +128,7 @@ def _start(cfg: KvrouteConfig, ui: UpConsole, log_path: Path | None) -> None:
 
 
 def cmd_make_model(args: argparse.Namespace) -> int:
-    from ops.tiny_model import make_model
+    from ops.models.tiny_model import make_model
 
     path = make_model(args.dir, seed=args.seed, family=args.family)
     print(path)

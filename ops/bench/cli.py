@@ -10,7 +10,7 @@
     kvroute bench index --redis-url redis://127.0.0.1:6379/0     (see ops.bench.index)
     kvroute bench engines --engine sim mlx                       (see ops.bench.engines)
     kvroute bench autoscale --engine sim --policy kvroute --duration 180 --out kv.json
-                                                                 (see ops.bench.autoscale)
+                                                                 (see ops.bench.autoscale.bench)
 
 Options of a mode go after its name (``kvroute bench compare --duration 10``).
 """
@@ -44,7 +44,7 @@ def _load_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drain-timeout", type=float, default=300.0, help="wait for in-flight")
     p.add_argument("--seed", type=int, default=0, help="workload and arrival seed")
     p.add_argument("--agent", action="append", default=[], metavar="KEY=VALUE",
-                   help="override an AgentParams field (ops.bench.workloads), repeatable")
+                   help="override an AgentParams field (ops.bench.harness.workloads), repeatable")
     p.add_argument("--out", type=Path, help="write the JSON here")
     p.add_argument("--plot", type=Path, help="write PNG plots into this folder")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -91,7 +91,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="trace: leave out requests longer than this (the deployment's window)")
     c.add_argument("--router-replicas", default="",
                    help="e.g. 1,2,4: run kvroute (shared index), smg and vllm-router at each "
-                   "count of router replicas instead (ops.bench.scaling)")
+                   "count of router replicas instead (ops.bench.compare.scaling)")
     c.add_argument("--ingress", choices=("auto", "proxy", "direct"), default="auto",
                    help="kvroute's server.ingress: through Serve's proxy, or each router "
                    "replica listening itself (auto, the default, is direct here)")
@@ -113,10 +113,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _autoscale_parser(modes: argparse._SubParsersAction) -> None:
-    from ops.bench import autoscale, autoscale_cli
+    from ops.bench.autoscale import bench as autoscale
+    from ops.bench.autoscale import options as autoscale_cli
 
     a = modes.add_parser("autoscale", help="bursty load on an autoscaled model: kvroute's "
-                         "policy or Serve's default (ops.bench.autoscale)",
+                         "policy or Serve's default (ops.bench.autoscale.bench)",
                          description=autoscale.__doc__,
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     autoscale_cli.add_arguments(a)
@@ -134,7 +135,7 @@ def _engines_parser(modes: argparse._SubParsersAction) -> None:
 
 
 def _router_doc() -> str:
-    from ops.bench import router_bench
+    from ops.bench.router import bench as router_bench
 
     return router_bench.__doc__ or ""
 
@@ -150,7 +151,7 @@ def _router_args(r: argparse.ArgumentParser) -> None:
     r.add_argument("--out", type=Path, help="write the JSON here")
     r.add_argument("--markdown", type=Path, help="also write the tables as markdown here")
     r.add_argument("--quiet", action="store_true")
-    from ops.bench import router_scenarios
+    from ops.bench.router import scenarios as router_scenarios
 
     router_scenarios.add_arguments(r)
     r.set_defaults(func=cmd_router)
@@ -159,9 +160,9 @@ def _router_args(r: argparse.ArgumentParser) -> None:
 def cmd_router(args: argparse.Namespace) -> int:
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     os.environ.setdefault("RAY_SERVE_LOG_TO_STDERR", "0")
-    from ops.bench import router_bench as rb
-    from ops.bench import router_scenarios
-    from ops.tiny_model import ensure_model
+    from ops.bench.router import bench as rb
+    from ops.bench.router import scenarios as router_scenarios
+    from ops.models.tiny_model import ensure_model
 
     model = args.model_path or str(ensure_model())
     if args.move or args.agent or args.stall or args.specials:  # not the length table
@@ -190,25 +191,25 @@ DEFAULT_ROUTERS = "kvroute,round-robin,sglang-router"
 
 
 def _compare_doc() -> str:
-    from ops.bench import compare
+    from ops.bench.compare import bench as compare
 
     return compare.__doc__ or ""
 
 
 def _routers() -> tuple[str, ...]:
-    from ops.bench.compare import ROUTERS
+    from ops.bench.compare.bench import ROUTERS
 
     return ROUTERS
 
 
 def _agent_params(args: argparse.Namespace) -> Any:
-    from ops.bench.workloads import AgentParams, override_params
+    from ops.bench.harness.workloads import AgentParams, override_params
 
     return override_params(AgentParams(), args.seed, args.agent)
 
 
 def _spec(args: argparse.Namespace, concurrency: int | None) -> Any:
-    from ops.bench.client import LoadSpec
+    from ops.bench.harness.client import LoadSpec
 
     return LoadSpec(duration_s=args.duration, concurrency=concurrency, rate=args.rate,
                     speedup=args.speedup, ramp_s=args.ramp, seed=args.seed,
@@ -229,7 +230,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.workload == "trace" and not args.trace:
         raise SystemExit("--workload trace needs --trace FILE")
     bench, records = asyncio.run(_bench(args))
-    from ops.bench import report
+    from ops.bench.harness import report
 
     report.validate(bench)
     _console().print(report.rich_table({bench["policy"]: bench}, title=f"{args.workload} bench"))
@@ -238,9 +239,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 async def _bench(args: argparse.Namespace) -> tuple[dict[str, Any], list[Any]]:
-    from ops.bench import client as cl
-    from ops.bench import workloads as wl
-    from ops.bench.report import bench_json
+    from ops.bench.harness import client as cl
+    from ops.bench.harness import workloads as wl
+    from ops.bench.harness.report import bench_json
 
     model = args.model or await cl.fetch_model(args.url)
     spec = _spec(args, args.concurrency)
@@ -269,8 +270,8 @@ async def _agent_window(args: argparse.Namespace, model: str) -> Any:
     """The agent params with the server's context window, so sessions compact below it;
     kvroute's /v1/models does not report one, so its deploy default stands in."""
     from deploy.config import ModelConfig
-    from ops.bench import client as cl
-    from ops.bench.workloads import with_context
+    from ops.bench.harness import client as cl
+    from ops.bench.harness.workloads import with_context
 
     window = await cl.fetch_context_window(args.url, model)
     default = ModelConfig.model_fields["context_window"].default
@@ -299,11 +300,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
     routers = _routers() if args.routers.strip() == "all" else \
         tuple(r.strip() for r in args.routers.split(",") if r.strip())
     if counts and args.routers == DEFAULT_ROUTERS:
-        from ops.bench.scaling import SCALED
+        from ops.bench.compare.scaling import SCALED
 
         routers = SCALED
     if args.workload == "trace":
-        from ops.bench.compare import TOKEN_ID_ROUTERS
+        from ops.bench.compare.bench import TOKEN_ID_ROUTERS
 
         if refused := [r for r in routers if r not in TOKEN_ID_ROUTERS]:
             print(f"trace replay sends token-id prompts, which {', '.join(refused)} refuse: "
@@ -317,7 +318,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     # Serve's per-request logs stay in their files instead of streaming to this process.
     os.environ.setdefault("RAY_SERVE_LOG_TO_STDERR", "0")
     from deploy.serve import runtime
-    from ops.bench.compare import CompareSpec, run_compare
+    from ops.bench.compare.bench import CompareSpec, run_compare
 
     concurrency = args.concurrency or (None if args.rate else DEFAULT_CONCURRENCY)
     spec = CompareSpec(
@@ -342,7 +343,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     _print_compare(result)
     _write(args, result["routers"], records, result)
     if args.markdown:
-        from ops.bench.report import markdown_compare
+        from ops.bench.harness.report import markdown_compare
 
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
         args.markdown.write_text(markdown_compare(result))
@@ -356,9 +357,9 @@ def _command() -> str:
 
 
 def _scaling(args: argparse.Namespace, spec: Any, counts: tuple[int, ...]) -> int:
-    from ops.bench import scaling
-    from ops.bench.compare import environment
-    from ops.bench.report import rich_table
+    from ops.bench.compare import scaling
+    from ops.bench.compare.bench import environment
+    from ops.bench.harness.report import rich_table
 
     result, records = scaling.run_scaling(spec, counts, show=not args.quiet)
     result.update(command=_command(), env=environment())
@@ -368,7 +369,7 @@ def _scaling(args: argparse.Namespace, spec: Any, counts: tuple[int, ...]) -> in
     _console().print(f"cached ratio drop, points: {result['cached_ratio_drop_points']}")
     _write(args, runs, records, result)
     if args.markdown:
-        from ops.bench.report import markdown_table
+        from ops.bench.harness.report import markdown_table
 
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
         args.markdown.write_text(f"Command: `{result['command']}`\n\n"
@@ -377,7 +378,7 @@ def _scaling(args: argparse.Namespace, spec: Any, counts: tuple[int, ...]) -> in
 
 
 def _print_compare(result: dict[str, Any]) -> None:
-    from ops.bench.report import rich_table
+    from ops.bench.harness.report import rich_table
 
     console = _console()
     console.print(rich_table(result["routers"], title="bench compare (TTFT/TPOT/E2E in s)"))
@@ -390,7 +391,7 @@ def _print_compare(result: dict[str, Any]) -> None:
 
 def _write(args: argparse.Namespace, benches: dict[str, Any], records: dict[str, Any],
            result: dict[str, Any]) -> None:
-    from ops.bench import report
+    from ops.bench.harness import report
 
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

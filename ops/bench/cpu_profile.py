@@ -171,7 +171,8 @@ def _report(out_dir: Path, run: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _measure(url: str, spec: Any, args: argparse.Namespace) -> dict[str, Any]:
-    from ops.bench import compare, lineup
+    from ops.bench.compare import bench as compare
+    from ops.bench.harness import lineup
 
     procs = lineup.kvroute_processes()
     labels = {_label(p): p for p in procs}
@@ -210,9 +211,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from ray import serve
 
     from deploy.serve import runtime
-    from ops.bench import compare
-    from ops.bench.client import LoadSpec
-    from ops.tiny_model import ensure_model
+    from ops.bench.compare import bench as compare
+    from ops.bench.harness.client import LoadSpec
+    from ops.models.tiny_model import ensure_model
 
     spec = compare.CompareSpec(replicas=args.replicas, routers=("kvroute",),
                                load=LoadSpec(duration_s=args.duration, concurrency=20),

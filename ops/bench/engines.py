@@ -74,7 +74,7 @@ async def _measure(url: str, model: str, args: argparse.Namespace) -> dict[str, 
 def _bench_engine(engine: str, args: argparse.Namespace) -> dict[str, float]:
     from deploy.config import KvrouteConfig, ModelConfig, ServerConfig
     from deploy.serve import runtime
-    from ops.tiny_model import ensure_model
+    from ops.models.tiny_model import ensure_model
 
     cfg = KvrouteConfig(
         models=[ModelConfig(name=f"bench-{engine}", engine=engine, num_replicas=args.replicas,

@@ -62,7 +62,7 @@ async def run(model: str, tokens: int, rounds: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ops.tiny_model import ensure_model
+    from ops.models.tiny_model import ensure_model
 
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ops.status import Samples, histogram_quantile, parse_metrics
+from ops.commands.status import Samples, histogram_quantile, parse_metrics
 
 DASHBOARD = Path(__file__).parents[1] / "grafana" / "kvroute-dashboard.json"
 Key = tuple[tuple[str, str], ...]

@@ -19,10 +19,11 @@ import httpx
 import psutil
 import pytest
 
-from ops.bench import compare, report
-from ops.bench.client import LoadSpec
-from ops.bench.dynamo_peer import DynamoRun
-from ops.bench.workloads import AgentParams
+from ops.bench.compare import bench as compare
+from ops.bench.compare.dynamo_peer import DynamoRun
+from ops.bench.harness import report
+from ops.bench.harness.client import LoadSpec
+from ops.bench.harness.workloads import AgentParams
 
 pytestmark = pytest.mark.slow
 
@@ -91,7 +92,7 @@ def test_short_compare_on_sim(ray_local: None, serve_port: int, tiny_model_dir: 
         assert bench["cpu_s_per_request"] > 0 and bench["cpu_s_by_process"], name
         assert bench["replica_cpu_s_per_request"] > 0, name
         assert set(bench["added_latency_s"]) >= {"p50", "p99", "router_p50", "direct_p50"}
-        assert len(bench["per_request"]["rows"]) == bench["requests"]  # ops.bench.tail
+        assert len(bench["per_request"]["rows"]) == bench["requests"]  # ops.bench.harness.tail
         if name not in ("kvroute", "dynamo"):
             assert bench["params"]["router_flags"]["--policy"], name
     flags = result["routers"]["vllm-router"]["params"]

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from deploy.config import IndexConfig, LeaseConfig, RouterConfig
-from ops.status import model_summary, parse_metrics
+from ops.commands.status import model_summary, parse_metrics
 from router.app.metrics_hub import CACHE_S
 from tests.stacks import counter, deployed, redis_url, sim_model, stack_config
 

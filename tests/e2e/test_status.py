@@ -22,7 +22,7 @@ import httpx
 import pytest
 import yaml
 
-from ops import status
+from ops.commands import status
 from ops.dev.render_dashboard import Parser, series_over_time
 from tests.conftest import free_port
 from tests.stacks import deployed, sim_model, stack_config

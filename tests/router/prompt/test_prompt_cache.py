@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cache_service.hashing import block_hashes, token_bytes
-from ops.bench.workloads import AgentParams, AgentWorkload, flatten
+from ops.bench.harness.workloads import AgentParams, AgentWorkload, flatten
 from router.prompt.cache import IncrementalEncoder, PromptCacheConfig, TokenIds, boundary_tokens
 from router.prompt.tokenizer import ChatTokenizer
 from tests.router.tokenizer_families import llama3_like_dir, metaspace_first, with_added

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from pytest_redis import factories
 
 from deploy.config import IndexConfig, PromptCacheConfig
-from ops.bench.workloads import AgentParams, AgentWorkload, flatten
+from ops.bench.harness.workloads import AgentParams, AgentWorkload, flatten
 from router.prompt import store as ts
 from router.prompt.setup import TokenCache, with_redis
 from router.prompt.tokenizer import ChatTokenizer

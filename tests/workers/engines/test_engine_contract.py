@@ -56,7 +56,7 @@ def _sim(request: pytest.FixtureRequest) -> EngineCase:
 
 
 def _mlx(request: pytest.FixtureRequest) -> EngineCase:
-    from ops import tiny_model as tm
+    from ops.models import tiny_model as tm
     from workers.engines.mlx.engine import MlxEngine
 
     model_dir: Path = request.getfixturevalue("tiny_model_dir")

@@ -9,15 +9,15 @@ import json
 import shutil
 from pathlib import Path
 
-from ops.tiny_families import FAMILIES, TEMPLATES_DIR
-from ops.tiny_model import ensure_model
+from ops.models.tiny_families import FAMILIES, TEMPLATES_DIR
+from ops.models.tiny_model import ensure_model
 
 TEST_TEMPLATES = Path(__file__).parents[3] / "chat_templates"
-# Parser family → the make-model family built for it (``ops/tiny_families.py``): the
+# Parser family → the make-model family built for it (``ops/models/tiny_families.py``): the
 # same names, but Qwen3's tool calls are the hermes parser's.
 BUILT_AS = {("hermes" if name == "qwen3" else name): name for name in FAMILIES}
 # family → its template file (the first of a family's templates in test_detection); the
-# built families' come from ops/tiny_families, the rest are test-only templates.
+# built families' come from ops/models/tiny_families, the rest are test-only templates.
 TEMPLATE_OF = {family: FAMILIES[built].template for family, built in BUILT_AS.items()} | {
     "deepseek-v3.2": "deepseek-ai-DeepSeek-V3.2.jinja",
     "llama3-json": "meta-llama-Llama-3.1-8B-Instruct.jinja",

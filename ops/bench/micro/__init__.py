@@ -1,0 +1,1 @@
+"""``kvroute bench micro <name>``: in-process costs measured with ``harness.micro``."""
