@@ -73,7 +73,7 @@ def test_401s_in_each_api_shape(stack: str) -> None:
 
 
 def test_env_keys_reach_every_router_replica(stack: str) -> None:
-    """Review finding 5: each router replica read the variable from its own environment,
+    """Each router replica read the variable from its own environment,
     where it is not, so a key configured there was refused (and, with no other key, every
     router ran open)."""
     with httpx.Client(base_url=stack, timeout=30) as client:
@@ -85,7 +85,7 @@ def test_env_keys_reach_every_router_replica(stack: str) -> None:
 
 @pytest.mark.parametrize("path", ["/kvroute/replicas", "/openapi.json"])
 def test_operational_routes_need_a_key(stack: str, path: str) -> None:
-    """Review finding 6: these were open with keys on (replica ids and load; the API map)."""
+    """These were open with keys on (replica ids and load; the API map)."""
     r = httpx.get(f"{stack}{path}", timeout=30)
     assert r.status_code == 401 and r.json()["error"]["code"] == "missing_api_key"
     assert httpx.get(f"{stack}{path}", headers={"x-api-key": "nope"}, timeout=30).status_code == 401
@@ -143,7 +143,7 @@ def test_keys_never_logged(stack: str) -> None:
 
 
 def test_access_log_and_per_key_metrics(stack: str) -> None:
-    """Review finding 20: each API request leaves one access line naming its key (not the
+    """Each API request leaves one access line naming its key (not the
     key), and /metrics counts requests per key ("keyed": names stay out of the open
     /metrics unless auth.key_names_in_metrics)."""
     import ray

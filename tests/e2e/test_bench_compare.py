@@ -78,7 +78,7 @@ def test_short_compare_on_sim(ray_local: None, serve_port: int, tiny_model_dir: 
         result, records = compare.run_compare(spec, show=False)
     finally:
         serve.delete(runtime.APP_NAME)
-    # Review finding 19: the builder's token guards the direct endpoints; the compare
+    # The builder's token guards the direct endpoints; the compare
     # (sglang-router included) got through with it, a call without it does not.
     assert bare[0].status_code == 401 and bare[0].json()["error"]["code"] == "invalid_api_key"
     assert set(result["routers"]) == {"kvroute", "round-robin", "sglang-router", "smg",

@@ -1,6 +1,7 @@
-"""Figures for issue 14 item 2 (``pytest -s``; nothing here asserts a time): what one 8 MiB
-hostile body costs the router (seconds, RSS growth of the router process), and the latency
-of 8 concurrent normal streams on the same router while 4 hostile bodies arrive.
+"""Figures for bounded work before admission (``pytest -s``; nothing here asserts a
+time): what one 8 MiB hostile body costs the router (seconds, RSS growth of the router
+process), and the latency of 8 concurrent normal streams on the same router while 4
+hostile bodies arrive.
 
 Real stack: Ray Serve on loopback, one router replica, one sim replica (context 32768)."""
 

@@ -1,4 +1,4 @@
-"""Bounded work before admission (issue 14 item 2, review finding 2) on a real stack: Ray
+"""Bounded work before admission on a real stack: Ray
 Serve on loopback, one sim replica of the tiny model's tokenizer, keys on.
 
 A body that cannot fit the context window is refused before it is parsed; counts of
@@ -89,7 +89,7 @@ def test_requests_are_charged_before_the_body_is_parsed(stack: str) -> None:
 
 
 def test_a_body_that_stops_arriving_is_a_408(stack: str) -> None:
-    """Issue 14 item 9: a client that announces 1000 bytes and sends 10 holds no router
+    """Slow bodies: a client that announces 1000 bytes and sends 10 holds no router
     coroutine past ``server.body_read_timeout_s`` (before: it waited for ever)."""
     url = httpx.URL(stack)
     with socket.create_connection((url.host, url.port), timeout=60) as sock:

@@ -1,4 +1,4 @@
-"""Issue 10's acceptance scenario, scaled for CI: a 16-way agentic load
+"""The chaos acceptance scenario, scaled for CI: a 16-way agentic load
 (`kvroute bench --workload agent --concurrency 16`) against 3 sim replicas with a
 Redis index; Redis is killed at 20 s and restarted at 35 s, and a worker replica
 process is SIGKILLed at 50 s. No request may fail (streams the killed replica was

@@ -1,4 +1,4 @@
-"""A client that leaves costs nothing, on every API and at every point (issue 14 item 4).
+"""A client that leaves costs nothing, on every API and at every point.
 
 Real Serve on loopback, one sim replica that prefills slowly (so "before the first token"
 lasts over a second) and decodes 20,000 tokens at 10 ms each (so only an abort ends a
@@ -9,7 +9,7 @@ disconnect while waiting for the first token left the worker running and the rou
 ticket open for good, and one after the first event or two leaked the same way
 (the streams' first yields sat outside their ``try``).
 
-Serve's per-request control headers (issue 14 item 6) change none of this:
+Serve's per-request control headers change none of this:
 ``x-request-disconnect-disabled: ?1`` (the proxy then ignores the disconnect) and
 ``x-request-timeout-seconds: 0`` (the proxy's timeout lifted) meet the router's own
 disconnect watch and deadline (``router/app/client_guard.py``). The stack's deadline is 15 s,

@@ -1,4 +1,4 @@
-"""Issue 14 item 8 (review finding 9): the Redis URL, password included, reaches router and
+"""Secrets out of Serve's config: the Redis URL, password included, reaches router and
 worker replicas through an environment variable they read themselves
 (``index.redis_url_env``), never through Serve's config. Real Ray Serve on loopback, one
 sim replica, a password-protected redis-server."""

@@ -1,4 +1,4 @@
-"""Tenant isolation of the prefix cache (issue 14 item 3, review finding 3), end to end on
+"""Tenant isolation of the prefix cache, end to end on
 real Serve with a sim replica and API keys: the review's cross-tenant oracle. Alice's system
 prompt holds a secret; bob, with his own key, guesses it. Without isolation the right guess
 shows more predicted (and engine-measured) cached tokens than a wrong one; with

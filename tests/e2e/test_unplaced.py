@@ -2,7 +2,7 @@
 placed on a replica is cancelled and sent again. Every request is still answered once, and
 the worker runs each one once: a cancelled unplaced call is never also run.
 
-A stranded request (issue 20's autoscale run) cannot be caused on purpose, so here the
+A stranded request (seen once in an autoscaling run) cannot be caused on purpose, so here the
 queue is real but legitimate. One replica takes one request at a time
 (``max_ongoing_requests: 1``), so the other requests wait unplaced in Serve's queue past
 a short ``assign_timeout_s``."""
