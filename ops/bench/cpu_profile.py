@@ -206,28 +206,18 @@ async def _measure(url: str, spec: Any, args: argparse.Namespace) -> dict[str, A
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    os.environ.setdefault("RAY_SERVE_LOG_TO_STDERR", "0")
-    from ray import serve
-
-    from deploy.serve import runtime
     from ops.bench.compare import bench as compare
     from ops.bench.harness.client import LoadSpec
+    from ops.bench.harness.procs import free_port
+    from ops.bench.harness.stack import stack
     from ops.models.tiny_model import ensure_model
 
     spec = compare.CompareSpec(replicas=args.replicas, routers=("kvroute",),
                                load=LoadSpec(duration_s=args.duration, concurrency=20),
                                ingress=args.ingress)
-    runtime.init_ray("127.0.0.1", num_cpus=max(4, args.replicas + 2))
-    try:
-        url = runtime.deploy(compare.build_config(spec, str(ensure_model()),
-                                                  compare.free_port()))
-        runtime.wait_healthy(url, timeout_s=300)
-        result = asyncio.run(_measure(url, spec, args))
-        serve.delete(runtime.APP_NAME)
-    finally:
-        runtime.shutdown()
-    return result
+    cfg = compare.build_config(spec, str(ensure_model()), free_port())
+    with stack(cfg, num_cpus=max(4, args.replicas + 2)) as url:
+        return asyncio.run(_measure(url, spec, args))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import sys
 import time
@@ -72,26 +71,19 @@ async def _measure(url: str, model: str, args: argparse.Namespace) -> dict[str, 
 
 
 def _bench_engine(engine: str, args: argparse.Namespace) -> dict[str, float]:
-    from deploy.config import KvrouteConfig, ModelConfig, ServerConfig
-    from deploy.serve import runtime
+    from ops.bench.harness.config import StackSpec, build
+    from ops.bench.harness.stack import deployed
     from ops.models.tiny_model import ensure_model
 
-    cfg = KvrouteConfig(
-        models=[ModelConfig(name=f"bench-{engine}", engine=engine, num_replicas=args.replicas,
-                            model_path=str(ensure_model()), num_cpus=0.5, context_window=8192,
-                            engine_kwargs=ENGINE_KWARGS[engine])],
-        server=ServerConfig(host="127.0.0.1", port=args.port),
-    )
+    model = f"bench-{engine}"
+    cfg = build(StackSpec(model=model, model_path=str(ensure_model()), port=args.port,
+                          engine=engine, replicas=args.replicas, num_cpus=0.5,
+                          context_window=8192, max_ongoing_requests=16,  # kvroute's default
+                          engine_kwargs=ENGINE_KWARGS[engine]))
     t0 = time.perf_counter()
-    url = runtime.deploy(cfg)
-    runtime.wait_healthy(url, timeout_s=600)
-    startup = time.perf_counter() - t0
-    try:
-        return {"startup_s": startup, **asyncio.run(_measure(url, f"bench-{engine}", args))}
-    finally:
-        from ray import serve
-
-        serve.delete(runtime.APP_NAME)
+    with deployed(cfg, timeout_s=600) as url:
+        startup = time.perf_counter() - t0
+        return {"startup_s": startup, **asyncio.run(_measure(url, model, args))}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -108,14 +100,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Deploy each engine in turn, measure, print one table, write ``--out``."""
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    from deploy.serve import runtime
+    from ops.bench.harness.stack import local_ray
 
-    runtime.init_ray("127.0.0.1")
-    try:
+    with local_ray():
         results = {e: _bench_engine(e, args) for e in args.engine}
-    finally:
-        runtime.shutdown()
     print(table(results))
     if args.out:
         with open(args.out, "w") as f:

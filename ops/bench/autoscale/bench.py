@@ -25,7 +25,6 @@ import asyncio
 import csv
 import datetime as dt
 import os
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -33,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from ops.bench.harness.client import Client, LoadSpec, Record, Runner
+from ops.bench.harness.config import StackSpec, build, sim_kwargs
 from ops.bench.harness.report import bench_json
 from ops.bench.harness.workloads import AgentParams, AgentWorkload, BenchRequest, Call, Step
 
@@ -118,15 +118,7 @@ def driver(times: list[float], calls: Iterator[BenchRequest]
 
 
 def build_config(spec: AutoscaleSpec, model_path: str, redis_url: str, port: int) -> Any:
-    from deploy.config import (
-        AutoscalingConfig,
-        IndexConfig,
-        KvrouteConfig,
-        ModelConfig,
-        RouterConfig,
-        ServerConfig,
-    )
-    from deploy.config.router import PrewarmConfig
+    from deploy.config import AutoscalingConfig
 
     scaling = AutoscalingConfig(
         policy=spec.policy,  # type: ignore[arg-type]
@@ -135,13 +127,9 @@ def build_config(spec: AutoscaleSpec, model_path: str, redis_url: str, port: int
         max_replicas=spec.max_replicas, target_ongoing_requests=spec.target_ongoing_requests,
         upscale_delay_s=spec.upscale_delay_s, downscale_delay_s=spec.downscale_delay_s,
         metrics_interval_s=spec.metrics_interval_s, look_back_period_s=spec.look_back_period_s)
-    kwargs = {k: int(v) if k == "kv_blocks" else float(v) for k, v in spec.sim.items()}
-    model = ModelConfig(name=MODEL, engine="sim", model_path=model_path, num_replicas=None,
-                        autoscaling=scaling, num_cpus=0.1, engine_kwargs=kwargs,
-                        context_window=131072, max_ongoing_requests=64)
-    return KvrouteConfig(models=[model], index=IndexConfig(redis_url=redis_url),
-                         router=RouterConfig(prewarm=PrewarmConfig(enabled=spec.prewarm)),
-                         server=ServerConfig(host="127.0.0.1", port=port))
+    return build(StackSpec(model=MODEL, model_path=model_path, port=port, replicas=None,
+                           autoscaling=scaling, engine_kwargs=sim_kwargs(spec.sim),
+                           redis_url=redis_url, prewarm=spec.prewarm))
 
 
 def slo_attainment(records: list[Record], target_s: float) -> float:
@@ -173,61 +161,32 @@ async def _measure(spec: AutoscaleSpec, url: str, redis_url: str,
                      **watch.summary()}
 
 
-def _start_ray(num_cpus: int, tries: int = 3) -> None:
-    """A local Ray; retried, since a raylet on a saturated machine can miss Ray's fixed
-    30 s registration window (a failed start leaves no process behind)."""
-    import ray
-
-    from deploy.serve import runtime
-
-    for attempt in range(tries):
-        try:
-            runtime.init_ray("127.0.0.1", num_cpus=num_cpus)
-            return
-        except Exception:
-            if ray.is_initialized():
-                ray.shutdown()
-            if attempt == tries - 1:
-                raise
-            time.sleep(10)
-
-
 def run_autoscale(specs: list[AutoscaleSpec], show: bool = True,
                   on_run: Callable[[dict[str, Any]], None] | None = None
                   ) -> list[dict[str, Any]]:
     """Each spec in turn on one Ray cluster and one redis-server (a fresh deployment and a
     flushed index per run); the bench JSON of each, also passed to ``on_run`` as it ends."""
     import redis
-    from ray import serve
 
-    from deploy.serve import runtime
     from ops.bench.harness.procs import free_port, redis_server
+    from ops.bench.harness.stack import deployed, local_ray
     from ops.models.tiny_model import ensure_model
 
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    os.environ.setdefault("RAY_SERVE_LOG_TO_STDERR", "0")
     # Ray starts its workers at nice 15: on a shared machine any other process (a test
     # run, pip) preempts the router and replicas while the load generator, at nice 0,
     # keeps sending. The stack under test runs at the load generator's priority.
     os.environ.setdefault("RAY_worker_niceness", "0")
     port = specs[0].port or free_port()  # Serve's proxy keeps its first port
     out = []
-    with redis_server() as redis_url:
-        _start_ray(max(s.max_replicas for s in specs) + 3)
-        try:
-            for spec in specs:
-                redis.Redis.from_url(redis_url).flushall()
-                url = runtime.deploy(build_config(spec, str(ensure_model()), redis_url, port))
-                try:
-                    runtime.wait_healthy(url, timeout_s=300)
-                    records, watched = asyncio.run(_measure(spec, url, redis_url, show))
-                finally:
-                    serve.delete(runtime.APP_NAME)
-                out.append(_bench(spec, records, watched))
-                if on_run is not None:
-                    on_run(out[-1])
-        finally:
-            runtime.shutdown()
+    cpus = max(s.max_replicas for s in specs) + 3
+    with redis_server() as redis_url, local_ray(num_cpus=cpus, tries=3):
+        for spec in specs:
+            redis.Redis.from_url(redis_url).flushall()
+            with deployed(build_config(spec, str(ensure_model()), redis_url, port)) as url:
+                records, watched = asyncio.run(_measure(spec, url, redis_url, show))
+            out.append(_bench(spec, records, watched))
+            if on_run is not None:
+                on_run(out[-1])
     return out
 
 

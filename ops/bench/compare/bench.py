@@ -39,13 +39,14 @@ its run (and on any error). Before the runs, on the idle system, the overheads:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import os
 import platform
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import numpy as np
@@ -55,10 +56,14 @@ from ops.bench.compare import peers
 from ops.bench.compare.dynamo_peer import DynamoRun
 from ops.bench.harness import lineup
 from ops.bench.harness.client import Client, LoadSpec, Record, Runner, agent_driver, trace_driver
+from ops.bench.harness.config import StackSpec, build, sim_kwargs
 from ops.bench.harness.procs import Subprocess, free_port
 from ops.bench.harness.report import bench_json, stats
 from ops.bench.harness.tail import tail_fields
 from ops.bench.harness.workloads import AgentParams, AgentWorkload, trace_requests
+
+if TYPE_CHECKING:
+    from deploy.config import KvrouteConfig
 
 ROUTERS = ("kvroute", "round-robin", "sglang-router", "smg", "vllm-router",
            "vllm-router-cache-aware", "dynamo")
@@ -100,23 +105,21 @@ class CompareSpec:
     idle_samples: int = 100  # per router: minimal requests on the idle system
 
 
-def build_config(spec: CompareSpec, model_path: str, port: int) -> Any:
-    from deploy.config import KvrouteConfig, ModelConfig, ServerConfig, VllmKvEvents
-
-    kwargs: dict[str, int | float | str | bool] = {}
-    if spec.engine == "sim":
-        kwargs = {k: int(v) if k == "kv_blocks" else float(v) for k, v in spec.sim.items()}
-    pacing = ({} if spec.stream_interval_ms is None
-              else {"stream_interval_ms": spec.stream_interval_ms})
-    model = ModelConfig(
-        name=MODEL, engine=spec.engine, model_path=model_path,  # type: ignore[arg-type]
-        num_replicas=spec.replicas, num_cpus=0.5, engine_kwargs=kwargs, direct_http=True,
+def stack_spec(spec: CompareSpec, model_path: str, port: int) -> StackSpec:
+    """The replicas every router runs over: direct endpoints on, and on the sim engine its
+    KV events in vLLM's format (``EXACT_PEERS`` route from them)."""
+    events = spec.engine == "sim" and spec.peer_kv_events
+    return StackSpec(
+        model=MODEL, model_path=model_path, port=port, engine=spec.engine,
+        replicas=spec.replicas, num_cpus=0.5, direct_http=True, ingress=spec.ingress,
+        engine_kwargs=sim_kwargs(spec.sim) if spec.engine == "sim" else {},
         context_window=spec.context_window, max_ongoing_requests=spec.max_ongoing_requests,
-        vllm_kv_events=VllmKvEvents(block_size=spec.event_block_size)
-        if spec.engine == "sim" and spec.peer_kv_events else None, **pacing,
-    )
-    return KvrouteConfig(models=[model], server=ServerConfig(host="127.0.0.1", port=port,
-                                                            ingress=spec.ingress))
+        kv_event_block_size=spec.event_block_size if events else None,
+        stream_interval_ms=spec.stream_interval_ms)
+
+
+def build_config(spec: CompareSpec, model_path: str, port: int) -> KvrouteConfig:
+    return build(stack_spec(spec, model_path, port))
 
 
 async def replica_endpoints(url: str, n: int, timeout_s: float = 120.0) -> list[str]:
@@ -333,31 +336,26 @@ async def _wait_ok(url: str, timeout_s: float = 60.0) -> None:
 
 def run_compare(spec: CompareSpec, show: bool = True
                 ) -> tuple[dict[str, Any], dict[str, list[Record]]]:
-    """Deploy on the running Ray (``deploy.serve.runtime.init_ray`` first), run, clean up.
+    """Deploy on the running Ray (``harness.stack.local_ray`` first), run, clean up.
 
     Returns the result JSON and each run's records (for plots). The kvroute app
     and the echo app are deleted at the end; Ray and Serve keep running.
     """
     from ray import serve
 
-    from deploy.serve import runtime
     from ops.bench.compare.children.echo import ECHO_APP, ECHO_ROUTE, EchoDeployment
+    from ops.bench.harness.stack import deployed
     from ops.models.tiny_model import ensure_model
 
     model_path = spec.model_path or str(ensure_model())
-    port = spec.port or free_port()
-    url = runtime.deploy(build_config(spec, model_path, port))
-    try:
+    with deployed(build_config(spec, model_path, spec.port or free_port())) as url:
         serve.run(EchoDeployment.bind(), name=ECHO_APP, route_prefix=ECHO_ROUTE,
                   blocking=False)
-        runtime.wait_healthy(url, timeout_s=300)
-        return asyncio.run(_compare(spec, url, model_path, show))
-    finally:
-        for app in (ECHO_APP, runtime.APP_NAME):
-            try:
-                serve.delete(app)
-            except Exception:  # not deployed: nothing to delete
-                pass
+        try:
+            return asyncio.run(_compare(spec, url, model_path, show))
+        finally:
+            with contextlib.suppress(Exception):  # not deployed: nothing to delete
+                serve.delete(ECHO_APP)
 
 
 # -- verdicts ----------------------------------------------------------------------------

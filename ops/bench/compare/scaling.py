@@ -21,27 +21,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import sys
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ops.bench.compare import bench as compare
 from ops.bench.harness import lineup
 from ops.bench.harness.client import Record
+from ops.bench.harness.config import build
 from ops.bench.harness.procs import Subprocess, free_port, redis_server
+
+if TYPE_CHECKING:
+    from deploy.config import KvrouteConfig
 
 SCALED = ("kvroute", "smg", "vllm-router", "dynamo")
 
 
 def scaled_config(spec: compare.CompareSpec, model_path: str, port: int, n: int,
-                  redis_url: str) -> Any:
-    from deploy.config import IndexConfig
-
-    cfg = compare.build_config(spec, model_path, port)
-    return cfg.model_copy(update={
-        "index": IndexConfig(redis_url=redis_url, namespace=f"kvroute-bench-r{n}"),
-        "router": cfg.router.model_copy(update={"replicas": n}),
-    })
+                  redis_url: str) -> KvrouteConfig:
+    """bench compare's stack with N router replicas sharing one Redis prefix index."""
+    return build(dataclasses.replace(
+        compare.stack_spec(spec, model_path, port), redis_url=redis_url,
+        index_namespace=f"kvroute-bench-r{n}", router_replicas=n))
 
 
 @contextlib.asynccontextmanager
@@ -99,9 +101,7 @@ def run_scaling(spec: compare.CompareSpec, counts: tuple[int, ...], show: bool =
                 ) -> tuple[dict[str, Any], dict[str, list[Record]]]:
     """Deploy per count on the running Ray, run every router of ``spec.routers`` (a subset
     of ``SCALED``), clean up. Returns the JSON part and the records ("name@N")."""
-    from ray import serve
-
-    from deploy.serve import runtime
+    from ops.bench.harness.stack import deployed
     from ops.models.tiny_model import ensure_model
 
     unknown = set(spec.routers) - set(SCALED)
@@ -113,12 +113,7 @@ def run_scaling(spec: compare.CompareSpec, counts: tuple[int, ...], show: bool =
     port = spec.port or free_port()  # Serve keeps its first proxy port: one for all counts
     with redis_server() as redis_url:
         for n in counts:
-            url = runtime.deploy(scaled_config(spec, model_path, port, n, redis_url))
-            try:
-                runtime.wait_healthy(url, timeout_s=300)
+            with deployed(scaled_config(spec, model_path, port, n, redis_url)) as url:
                 by_count[str(n)], recs = asyncio.run(one_count(spec, url, model_path, n, show))
-                records.update(recs)
-            finally:
-                with contextlib.suppress(Exception):
-                    serve.delete(runtime.APP_NAME)
+            records.update(recs)
     return {"router_replicas": by_count, "cached_ratio_drop_points": drops(by_count)}, records

@@ -49,6 +49,7 @@ import numpy as np
 
 from cache_service.hashing import DEFAULT_BLOCK_SIZE as BLOCK_SIZE
 from ops.bench.harness.client import Client, LoadSpec, Record, Runner, agent_driver
+from ops.bench.harness.config import StackSpec, build
 from ops.bench.harness.report import bench_json
 from ops.bench.harness.workloads import AgentParams, AgentWorkload, Call, Spawn, Step
 from ops.bench.leases.prewarm import local_runs
@@ -86,18 +87,12 @@ class MarkedWorkload(AgentWorkload):
 
 def build_config(model_path: str, redis_url: str, port: int, *, leases: bool,
                  args: argparse.Namespace, script_path: str) -> Any:
-    from deploy.config import IndexConfig, KvrouteConfig, ModelConfig, ServerConfig
-    from deploy.config.router import LeaseConfig, RouterConfig
-
-    model = ModelConfig(
-        name=MODEL, engine="sim", model_path=model_path, num_replicas=args.replicas,
-        num_cpus=0.1, context_window=131072, max_ongoing_requests=64, engine_kwargs={
+    return build(StackSpec(
+        model=MODEL, model_path=model_path, port=port, replicas=args.replicas,
+        redis_url=redis_url, leases=leases, engine_kwargs={
             "kv_blocks": args.kv_blocks, "prefill_tok_s": args.prefill_tok_s,
             "tpot_s": args.tpot_s, "lease_fraction": args.lease_fraction,
-            "script_path": script_path})
-    return KvrouteConfig(models=[model], index=IndexConfig(redis_url=redis_url),
-                         server=ServerConfig(host="127.0.0.1", port=port),
-                         router=RouterConfig(leases=LeaseConfig(enabled=leases)))
+            "script_path": script_path}))
 
 
 async def _measure(url: str, workload: AgentWorkload, args: argparse.Namespace

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
-import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -27,6 +26,7 @@ import httpx
 import numpy as np
 
 from ops.bench.harness.client import Client, LoadSpec, Record, Runner, agent_driver
+from ops.bench.harness.config import StackSpec, build, sim_kwargs
 from ops.bench.harness.procs import redis_server
 from ops.bench.harness.workloads import AgentParams, AgentWorkload
 
@@ -35,25 +35,14 @@ MODEL = "prewarm-model"
 
 def build_config(model_path: str, redis_url: str, port: int, *, prewarm: bool,
                  sim: dict[str, float]) -> Any:
-    from deploy.config import (
-        AutoscalingConfig,
-        IndexConfig,
-        KvrouteConfig,
-        ModelConfig,
-        ServerConfig,
-    )
-    from deploy.config.router import PrewarmConfig, RouterConfig
+    from deploy.config import AutoscalingConfig
 
     scaling = AutoscalingConfig(min_replicas=1, max_replicas=2, target_ongoing_requests=1.0,
                                 upscale_delay_s=1.0, downscale_delay_s=600.0,
                                 metrics_interval_s=0.5, look_back_period_s=2.0)
-    kwargs = {k: int(v) if k == "kv_blocks" else float(v) for k, v in sim.items()}
-    model = ModelConfig(name=MODEL, engine="sim", model_path=model_path, num_replicas=None,
-                        autoscaling=scaling, num_cpus=0.1, engine_kwargs=kwargs,
-                        context_window=131072, max_ongoing_requests=64)
-    return KvrouteConfig(models=[model], index=IndexConfig(redis_url=redis_url),
-                         server=ServerConfig(host="127.0.0.1", port=port),
-                         router=RouterConfig(prewarm=PrewarmConfig(enabled=prewarm)))
+    return build(StackSpec(model=MODEL, model_path=model_path, port=port, replicas=None,
+                           autoscaling=scaling, engine_kwargs=sim_kwargs(sim),
+                           redis_url=redis_url, prewarm=prewarm))
 
 
 async def _watch(url: str, runner: Runner, seen: dict[str, float], stop: asyncio.Event) -> None:
@@ -112,28 +101,17 @@ def local_runs(configs: Sequence[Callable[[str, int], Any]],
     local Ray with one throwaway redis-server (flushed per run), ``measure(url)`` run
     against it, the app deleted; yields each measure's result as it ends."""
     import redis
-    from ray import serve
 
-    from deploy.serve import runtime
     from ops.bench.harness.procs import free_port
+    from ops.bench.harness.stack import deployed, local_ray
 
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    os.environ.setdefault("RAY_SERVE_LOG_TO_STDERR", "0")
     port = free_port()
-    with redis_server() as redis_url:
-        runtime.init_ray("127.0.0.1", num_cpus=6)
-        try:
-            for build in configs:
-                redis.Redis.from_url(redis_url).flushall()
-                url = runtime.deploy(build(redis_url, port))
-                try:
-                    runtime.wait_healthy(url, timeout_s=300)
-                    result = measure(url)
-                finally:
-                    serve.delete(runtime.APP_NAME)
-                yield result
-        finally:
-            runtime.shutdown()
+    with redis_server() as redis_url, local_ray(num_cpus=6):
+        for build in configs:
+            redis.Redis.from_url(redis_url).flushall()
+            with deployed(build(redis_url, port)) as url:
+                result = measure(url)
+            yield result
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:

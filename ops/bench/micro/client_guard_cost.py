@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import statistics
 import sys
-import time
 from collections.abc import AsyncIterator
 
 import httpx
@@ -16,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from ops.bench.harness.micro import timing
 from router.app.client_guard import ClientGuardMiddleware
 
 WARMUP = 200
@@ -50,10 +50,10 @@ async def medians(path: str, n: int) -> dict[bool, float]:
     times: dict[bool, list[float]] = {False: [], True: []}
     for i in range(n + WARMUP):
         for g in ((False, True) if i % 2 else (True, False)):
-            start = time.perf_counter()
-            await clients[g].post(path, json={"x": 1})
+            with timing() as t:
+                await clients[g].post(path, json={"x": 1})
             if i >= WARMUP:
-                times[g].append(time.perf_counter() - start)
+                times[g].append(t.wall_s)
     for c in clients.values():
         await c.aclose()
     return {g: statistics.median(t) for g, t in times.items()}

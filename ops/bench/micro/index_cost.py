@@ -12,25 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import random
-import statistics
 import sys
-import time
 from collections.abc import Awaitable, Callable
 
 from cache_service import MemoryPrefixIndex
+from ops.bench.harness.micro import median_cpu_s_async
 
 REPLICAS = ("r0", "r1", "r2", "r3")
 
 
-async def _ms_per_call(call: Callable[[], Awaitable[object]], calls: int = 50,
-                       rounds: int = 9) -> float:
-    samples = []
-    for _ in range(rounds):
-        t = time.process_time()
-        for _ in range(calls):
-            await call()
-        samples.append((time.process_time() - t) / calls * 1e3)
-    return statistics.median(samples)
+async def _ms_per_call(call: Callable[[], Awaitable[object]]) -> float:
+    return 1e3 * await median_cpu_s_async(call, runs=9, per_run=50)
 
 
 async def measure(blocks: int) -> tuple[float, float]:

@@ -14,10 +14,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
-import time
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
+from ops.bench.harness.micro import timing
 from workers.protocol import Finished, TokenChunk, Usage
 from workers.transport import stream_pacing
 
@@ -42,9 +42,9 @@ def measure(paced: Paced, interval_s: float, tokens: int = TOKENS) -> tuple[floa
     async def run() -> list[int]:
         return await asyncio.gather(*(_chunks(paced, interval_s, tokens)
                                       for _ in range(STREAMS)))
-    t = time.process_time()
-    chunks = asyncio.run(run())
-    return 1e6 * (time.process_time() - t) / (STREAMS * tokens), sum(chunks) / STREAMS
+    with timing() as t:
+        chunks = asyncio.run(run())
+    return 1e6 * t.cpu_s / (STREAMS * tokens), sum(chunks) / STREAMS
 
 
 def _load(path: str | None) -> Paced:

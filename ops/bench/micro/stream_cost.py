@@ -15,12 +15,12 @@ import asyncio
 import logging
 import statistics
 import sys
-import time
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+from ops.bench.harness.micro import cpu_s, median_cpu_s
 from router import telemetry
 from router.api.common import request as hu
 from router.api.openai import encode as oa
@@ -125,14 +125,8 @@ async def _request(app: Any, tokens: int) -> int:
     return size
 
 
-def _cpu(once: Any) -> float:
-    start = time.process_time()
-    once()
-    return time.process_time() - start
-
-
 def _per_token(n: int, once: Any) -> float:
-    return statistics.median(_cpu(once) for _ in range(n)) / TOKENS * 1e6
+    return median_cpu_s(once, n) / TOKENS * 1e6
 
 
 def main() -> None:
@@ -143,7 +137,7 @@ def main() -> None:
     long, short = [], []  # alternated: the difference is the per-token part
     for i in range(n + 50):
         for tokens, times in ((TOKENS, long), (1, short)):
-            t = _cpu(lambda: loop.run_until_complete(_request(app, tokens)))  # noqa: B023
+            t = cpu_s(lambda: loop.run_until_complete(_request(app, tokens)))  # noqa: B023
             if i >= 50:
                 times.append(t)
     request = statistics.median(short) * 1e6

@@ -263,23 +263,14 @@ def bench_stack(spec: RouterBenchSpec, ingress: str = "auto") -> CompareSpec:
 def run_mode(mode: str, spec: RouterBenchSpec, prompts: Prompts, model_path: str,
              show: bool) -> tuple[list[Sample], dict[str, float]]:
     """A fresh Ray whose processes inherit the mode's environment; one router, one sim."""
-    from ray import serve
+    from ops.bench.harness.stack import stack
 
-    from deploy.serve import runtime
-
-    stack = bench_stack(spec)
-    with _environment(MODES[mode]):
-        runtime.init_ray("127.0.0.1", num_cpus=4)
-        try:
-            url = runtime.deploy(build_config(stack, model_path, free_port()))
-            runtime.wait_healthy(url, timeout_s=300)
-            direct = asyncio.run(replica_endpoints(url, 1))[0]
-            headers = asyncio.run(direct_headers(url))
-            samples = asyncio.run(_scenarios(mode, spec, prompts, url, direct, show, headers))
-            gaps = asyncio.run(stall(spec, prompts, url, mode))
-            serve.delete(runtime.APP_NAME)
-        finally:
-            runtime.shutdown()
+    cfg = build_config(bench_stack(spec), model_path, free_port())
+    with _environment(MODES[mode]), stack(cfg) as url:
+        direct = asyncio.run(replica_endpoints(url, 1))[0]
+        headers = asyncio.run(direct_headers(url))
+        samples = asyncio.run(_scenarios(mode, spec, prompts, url, direct, show, headers))
+        gaps = asyncio.run(stall(spec, prompts, url, mode))
     return samples, gaps
 
 

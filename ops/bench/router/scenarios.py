@@ -37,6 +37,7 @@ from typing import Any
 
 from ops.bench.compare.bench import MODEL
 from ops.bench.harness.client import Client, LoadSpec, Runner, agent_driver
+from ops.bench.harness.micro import timing
 from ops.bench.harness.procs import free_port
 from ops.bench.harness.workloads import AgentParams, AgentWorkload, Call, Spawn, Step
 from ops.bench.router.bench import (
@@ -95,10 +96,9 @@ def _tokenizer(model_path: str, case: str, url: str, ns: str) -> Any:
 
 
 def _timed(tok: Any, chat: list[dict[str, Any]]) -> dict[str, float]:
-    cpu, wall = time.process_time(), time.perf_counter()
-    ids = tok.render_encode(chat)
-    out = {"cpu_ms": 1e3 * (time.process_time() - cpu),
-           "wall_ms": 1e3 * (time.perf_counter() - wall), "tokens": len(ids)}
+    with timing() as t:
+        ids = tok.render_encode(chat)
+    out = {"cpu_ms": 1e3 * t.cpu_s, "wall_ms": 1e3 * t.wall_s, "tokens": len(ids)}
     if ids != tok.encode_full(tok.render(chat)):
         raise AssertionError("not bit-identical to full tokenization")
     stats = tok.prompt_cache.stats()

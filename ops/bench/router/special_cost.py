@@ -18,13 +18,12 @@ Every result is checked bit-identical to the uncached reference.
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from ops.bench.harness.micro import median_cpu_s
 from ops.bench.harness.workloads import _Text, _tools
 from ops.bench.router.bench import Prompts
 
@@ -49,12 +48,7 @@ def agent_chat(prompts: Prompts, length: int) -> tuple[list[dict[str, Any]], lis
 
 
 def _cpu_ms(fn: Callable[[], Any], repeats: int) -> float:
-    out = []
-    for _ in range(repeats):
-        start = time.process_time()
-        fn()
-        out.append(1e3 * (time.process_time() - start))
-    return statistics.median(out)
+    return 1e3 * median_cpu_s(fn, repeats)
 
 
 def run_specials(model_path: str, length: int = 160000, repeats: int = 9) -> dict[str, Any]:

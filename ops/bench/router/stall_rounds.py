@@ -20,6 +20,7 @@ from typing import Any
 
 from ops.bench.compare.bench import build_config
 from ops.bench.harness.procs import free_port
+from ops.bench.harness.stack import stack
 from ops.bench.router import bench as rb
 
 StallRun = Callable[[str, int], dict[str, float]]  # (ingress, round) -> stall figures
@@ -29,21 +30,9 @@ def one_round(model_path: str, prompts: rb.Prompts, spec: rb.RouterBenchSpec) ->
     """A fresh local Ray per round: one router and one sim replica, as the full run's."""
 
     def run(ingress: str, round_: int) -> dict[str, float]:
-        from ray import serve
-
-        from deploy.serve import runtime
-
-        stack = rb.bench_stack(spec, ingress)
-        with rb._environment(rb.MODES["after"]):  # noqa: SLF001
-            runtime.init_ray("127.0.0.1", num_cpus=4)
-            try:
-                url = runtime.deploy(build_config(stack, model_path, free_port()))
-                runtime.wait_healthy(url, timeout_s=300)
-                gaps = asyncio.run(rb.stall(spec, prompts, url, f"stall-{ingress}-{round_}"))
-                serve.delete(runtime.APP_NAME)
-            finally:
-                runtime.shutdown()
-        return gaps
+        cfg = build_config(rb.bench_stack(spec, ingress), model_path, free_port())
+        with rb._environment(rb.MODES["after"]), stack(cfg) as url:  # noqa: SLF001
+            return asyncio.run(rb.stall(spec, prompts, url, f"stall-{ingress}-{round_}"))
 
     return run
 

@@ -4,8 +4,9 @@ checkouts: ``kvroute bench router --agent --agent-base <worktree>`` starts "befo
 the other tree's code and "after" with this one, each in a child process running this
 file by path.
 
-Only ``deploy.serve.runtime`` and ``ops.bench.compare.bench`` (``CompareSpec``, ``build_config``,
-``free_port``), unchanged since before issue 16, are imported from the tree under test.
+Only ``ops.bench.harness.stack`` and ``ops.bench.compare.bench`` (``CompareSpec``,
+``build_config``) are imported from the tree under test, so a base tree must have this
+layout of ops/bench (the commit that made ``harness/`` or later).
 Protocol: argv[1] is a JSON object of ``CompareSpec`` fields and ``model_path``; the child
 prints ``URL <url>`` once the stack is healthy and tears it down when its stdin closes.
 
@@ -28,22 +29,15 @@ class StackStartError(RuntimeError):
 
 
 def main(argv: list[str]) -> int:
-    from ray import serve
-
-    from deploy.serve import runtime
-    from ops.bench.compare.bench import CompareSpec, build_config, free_port
+    from ops.bench.compare.bench import CompareSpec, build_config
+    from ops.bench.harness.procs import free_port
+    from ops.bench.harness.stack import stack
 
     spec = json.loads(argv[1])
     model_path = spec.pop("model_path")
-    runtime.init_ray("127.0.0.1", num_cpus=4)
-    try:
-        url = runtime.deploy(build_config(CompareSpec(**spec), model_path, free_port()))
-        runtime.wait_healthy(url, timeout_s=300)
+    with stack(build_config(CompareSpec(**spec), model_path, free_port())) as url:
         print(f"URL {url}", flush=True)
         sys.stdin.read()  # until the parent closes it
-        serve.delete(runtime.APP_NAME)
-    finally:
-        runtime.shutdown()
     return 0
 
 
