@@ -87,6 +87,7 @@ from redis.retry import Retry
 from . import redis_scripts as lua
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, CacheEvent, tier_bit
 from .index import IndexSettings, IndexStats, Match, MatchInfo
+from .redis_conn import async_client
 
 __all__ = ["RedisPrefixIndex"]
 
@@ -143,7 +144,7 @@ class RedisPrefixIndex:
         if not _NAMESPACE_RE.match(settings.namespace):
             raise ValueError(f"namespace must match {_NAMESPACE_RE.pattern}")
         self.settings = settings
-        self.client: aioredis.Redis = aioredis.Redis.from_url(
+        self.client: aioredis.Redis = async_client(
             url,
             socket_timeout=timeout_s,
             socket_connect_timeout=timeout_s,

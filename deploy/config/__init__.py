@@ -19,7 +19,7 @@ from pydantic import ConfigDict, Field, model_validator
 
 from deploy.config.auth import AuthConfig
 from deploy.config.autoscale import AutoscalingConfig, AutoscalingPolicyName
-from deploy.config.index import DEFAULT_BLOCK_SIZE, IndexConfig
+from deploy.config.index import DEFAULT_BLOCK_SIZE, SENTINEL_SCHEME, IndexConfig, SentinelConfig
 from deploy.config.model import (
     MODEL_CHECKS,
     VLLM_FORCED_ARGS,
@@ -35,11 +35,11 @@ from deploy.config.router import LeaseConfig, PromptCacheConfig, RouterConfig
 from deploy.config.schema import Strict
 
 __all__ = [
-    "APP_IMPORT_PATH", "DEFAULT_BLOCK_SIZE", "MODEL_CHECKS", "VLLM_FORCED_ARGS",
-    "AutoscalingConfig", "AutoscalingPolicyName", "EngineName", "GroupMember",
-    "IndexConfig", "KvrouteConfig", "LeaseConfig", "MlxKwargs", "ModelConfig",
-    "ModelGroup", "PromptCacheConfig", "ResponsesConfig", "RouterConfig", "ServerConfig",
-    "SimKwargs", "VllmKvEvents", "load_config",
+    "APP_IMPORT_PATH", "DEFAULT_BLOCK_SIZE", "MODEL_CHECKS", "SENTINEL_SCHEME",
+    "VLLM_FORCED_ARGS", "AutoscalingConfig", "AutoscalingPolicyName", "EngineName",
+    "GroupMember", "IndexConfig", "KvrouteConfig", "LeaseConfig", "MlxKwargs", "ModelConfig",
+    "ModelGroup", "PromptCacheConfig", "ResponsesConfig", "RouterConfig", "SentinelConfig",
+    "ServerConfig", "SimKwargs", "VllmKvEvents", "load_config",
 ]
 
 

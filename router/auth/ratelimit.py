@@ -56,6 +56,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from cache_service.breaker import CircuitBreaker
+from cache_service.redis_conn import async_client
 from deploy.config.auth import RateLimitStoreConfig
 from router.auth.keys import ApiKeyConfig
 from router.errors import ApiError
@@ -289,13 +290,14 @@ class RateLimiter:
         cls, redis_url: str | None, namespace: str = "kvroute", timeout_s: float = 0.05,
         **kwargs: Any,
     ) -> RateLimiter:
-        """Shared through Redis at ``redis_url`` (redis://, rediss://, AUTH in the URL), or
+        """Shared through Redis at ``redis_url`` (redis://, rediss://, redis+sentinel://, AUTH in
+        the URL), or
         local only when it is None or empty. ``timeout_s``: socket and connect timeout (the
         hard cap ``op_timeout_s`` defaults to twice that). ``kwargs`` go to ``RateLimiter``."""
         kwargs.setdefault("op_timeout_s", 2 * timeout_s)
         client = None
         if redis_url:
-            client = aioredis.Redis.from_url(
+            client = async_client(
                 redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
                 retry=Retry(NoBackoff(), 0), health_check_interval=0,
             )

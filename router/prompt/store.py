@@ -42,6 +42,7 @@ import numpy as np
 import redis
 
 from cache_service.breaker import CircuitBreaker
+from cache_service.redis_conn import sync_client
 
 log = logging.getLogger(__name__)
 
@@ -138,8 +139,8 @@ class TokenStore:
         self.prefix = f"{{{namespace}}}:tok:"
         self.ttl_ms = max(1, int(ttl_s * 1000))
         self.min_lookup_chars = MIN_LOOKUP_CHARS
-        self._redis = redis.Redis.from_url(url, socket_timeout=timeout_s,
-                                           socket_connect_timeout=timeout_s)
+        self._redis = sync_client(url, socket_timeout=timeout_s,
+                                  socket_connect_timeout=timeout_s)
         self.breaker = CircuitBreaker("prompt token cache", backoff_s, clock=clock,
                                       on_error=self._count, meanwhile="tokenizing locally")
         self._queue: queue.Queue[tuple[str, Any]] = queue.Queue(_QUEUE)

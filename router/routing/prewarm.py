@@ -40,9 +40,9 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from cache_service.redis_conn import async_client
 from deploy.config.router import PrewarmConfig
 from router import metrics
 from router.routing.views import RANK_KWARG, ReplicaInfo
@@ -136,7 +136,7 @@ class Prewarmer:
         self._held: dict[tuple[str, str], float] = {}  # (model, replica) -> hold until
         self._tasks: set[asyncio.Task[Any]] = set()
         self._prefix = "{" + namespace + "}:warm:"
-        self._redis = aioredis.Redis.from_url(
+        self._redis = async_client(
             redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
         ) if redis_url else None
         self.counts = {"warmed": 0, "failed": 0, "lost_claim": 0}

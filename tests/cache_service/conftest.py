@@ -73,9 +73,10 @@ async def new_index(request: pytest.FixtureRequest, redis_url: str) -> AsyncIter
 class RedisServer:
     """A redis-server subprocess we can SIGKILL and restart on the same port."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, *extra: str) -> None:
         self.port = port_for.select_random()
         self.workdir = workdir
+        self.extra = extra  # more redis-server arguments (replicaof, a Sentinel's config)
         self.proc: asyncio.subprocess.Process | None = None
 
     @property
@@ -83,8 +84,9 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     async def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
         self.proc = await asyncio.create_subprocess_exec(
-            REDIS_SERVER,
+            REDIS_SERVER, *self.extra,
             *("--port", str(self.port), "--bind", "127.0.0.1", "--save", ""),
             *("--appendonly", "no", "--dir", str(self.workdir)),
             stdout=asyncio.subprocess.DEVNULL,
