@@ -29,7 +29,10 @@ class MlxKwargs(Strict):
     prefill_batch_size: int | None = Field(None, ge=1, description="Prompts prefilled together.")
     disk_bytes: int | None = Field(None, ge=0, description="Disk tier of the prefix KV store "
                                    "(evicted entries spill to files, reloaded on a hit); 0: off.")
-    disk_path: str | None = Field(None, description="Disk tier folder (default: a temporary one).")
+    disk_path: str | None = Field(
+        None, description="Disk tier folder, kept across restarts: a replica started on it "
+        "takes back the same model's entries (default: a temporary folder, removed with the "
+        "replica). One replica per folder: give each replica on a node its own.")
     lease_fraction: float | None = Field(None, ge=0, le=1,
                                          description="Most of cache_bytes leases may hold.")
 

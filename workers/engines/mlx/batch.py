@@ -39,7 +39,7 @@ from typing import Any
 
 from cache_service.hashing import model_salt
 from workers.engines.mlx.jobs import BatchConfig, Job
-from workers.engines.mlx.kv_disk import mlx_disk_tier
+from workers.engines.mlx.kv_disk import mlx_disk_tier, model_fingerprint
 from workers.engines.mlx.kv_store import PrefixKVStore
 from workers.engines.stops import StopMatcher
 from workers.protocol import (
@@ -172,7 +172,9 @@ class BatchLoop:
         self.store = PrefixKVStore(
             c.model_name, c.replica_id, c.cache_bytes, c.block_size,
             model_salt(c.model_name), _kv_nbytes, c.max_cache_entries,
-            disk=mlx_disk_tier(c.disk_bytes, c.disk_path), lease_fraction=c.lease_fraction,
+            disk=mlx_disk_tier(c.disk_bytes, c.disk_path, model_fingerprint(
+                c.model_path, c.block_size, model_salt(c.model_name))),
+            lease_fraction=c.lease_fraction,
         )
         self._gen = self._new_generator()
 
@@ -379,9 +381,7 @@ class BatchLoop:
         self._gen = self._model = None
         if self.store is not None:
             with self.events_lock:
-                self.store.clear()  # BlockRemoved for all: this replica holds nothing now
-                if self.store.disk is not None:
-                    self.store.disk.close()
+                self.store.release()  # BlockRemoved for all; a disk_path keeps its files
         gc.collect()
         try:
             import mlx.core as mx

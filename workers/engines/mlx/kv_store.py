@@ -96,6 +96,8 @@ class PrefixKVStore(Generic[KV]):
         self._refs: dict[int, int] = {}
         self._events: list[CacheEvent] = []
         self.nbytes = 0
+        for entry in disk.entries.values() if disk is not None else ():  # a restart's files
+            self._disk_stored(entry.hashes)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -157,6 +159,16 @@ class PrefixKVStore(Generic[KV]):
             for key in list(self.disk.entries):
                 self._disk_decref(self.disk.remove(key).hashes)
 
+    def release(self) -> None:
+        """The replica stops: every block leaves the index (``BlockRemoved``), memory is
+        freed, and a persistent disk tier's files stay for the next replica on its folder."""
+        for key in list(self._entries):
+            self._remove(key)
+        if self.disk is not None:
+            for entry in self.disk.entries.values():
+                self._disk_decref(entry.hashes)
+            self.disk.close()
+
     def drain_events(self) -> list[CacheEvent]:
         events, self._events = self._events, []
         return events
@@ -192,12 +204,15 @@ class PrefixKVStore(Generic[KV]):
         elif self.disk is not None:
             dropped = self.disk.put(key, entry.kv, entry.hashes)
             if dropped is not None:
-                new = [h for h in entry.hashes if _incref(self._disk_refs, h)]
-                if new:
-                    self._events.append(BlockStored(self.model, self.replica, tuple(new), "disk"))
+                self._disk_stored(entry.hashes)
                 for gone in dropped:
                     self._disk_decref(gone.hashes)
         self._remove(key)
+
+    def _disk_stored(self, hashes: list[int]) -> None:
+        new = [h for h in hashes if _incref(self._disk_refs, h)]
+        if new:
+            self._events.append(BlockStored(self.model, self.replica, tuple(new), "disk"))
 
     def _disk_decref(self, hashes: list[int]) -> None:
         gone = [h for h in hashes if _decref(self._disk_refs, h)]
