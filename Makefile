@@ -42,7 +42,7 @@ agent-clis:
 # first use too (~40 s each on a fresh machine, Dynamo ~90 s); this target does it ahead.
 # Dynamo runs in a network namespace: `unshare` (util-linux) and `ip` (iproute2), as root.
 peers: venv
-	$(BIN)/python -m ops.bench.compare.peers
+	$(BIN)/kvroute bench peers
 
 test: venv redis agent-clis
 	$(BIN)/pip install -q -e '.[mlx,dev]'

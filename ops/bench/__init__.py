@@ -1,7 +1,8 @@
-"""``kvroute bench``: load generation, trace replay and router comparison (issue 9).
+"""``kvroute bench``: every benchmark, one subcommand each (``cli`` names them; ``python -m
+ops.bench ARGS`` is the same as ``kvroute bench ARGS``).
 
-``workloads`` (trace and agent generators), ``client`` (the async load generator),
-``report`` (bench JSON, tables, plots), ``compare`` (kvroute vs other routers over
-the same replicas), ``cli`` (``add_parser`` for ``deploy.cli.main``). Also runnable as
-``python -m ops.bench ...`` (the same arguments as ``kvroute bench ...``).
+``harness/`` is what the benches share (the load generator, workloads, bench JSON, the stack
+launcher, the config builder, the timing loop); ``load`` is the load mode (``bench --url``);
+``compare/``, ``router/``, ``autoscale/``, ``leases/`` and ``micro/`` hold the benches of
+one subject each; ``engines``, ``index``, ``kv_disk`` and ``cpu_profile`` one bench each.
 """

@@ -1,7 +1,7 @@
-"""Where kvroute's router CPU per request goes (issue 19's CPU goal): the compare stack,
+"""Where kvroute's router CPU per request goes (the peer comparison's CPU goal): the compare stack,
 idle and under ``bench compare``'s kvroute run, with py-spy on Serve's proxy and the router.
 
-    python -m ops.bench.cpu_profile --duration 120 --idle 60 --out /tmp/prof
+    kvroute bench cpu-profile --duration 120 --idle 60 --out /tmp/prof
 
 Deploys what ``bench compare`` deploys (the sim replicas, kvroute's router, Serve's proxy),
 then, for each of the processes ``cpu_s_per_request`` counts (``lineup.kvroute_processes``):
@@ -205,7 +205,7 @@ async def _measure(url: str, spec: Any, args: argparse.Namespace) -> dict[str, A
     }
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def profile(args: argparse.Namespace) -> dict[str, Any]:
     from ops.bench.compare import bench as compare
     from ops.bench.harness.client import LoadSpec
     from ops.bench.harness.procs import free_port
@@ -220,9 +220,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return asyncio.run(_measure(url, spec, args))
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ops.bench.cpu_profile", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, required=True, help="directory for stacks and JSON")
     p.add_argument("--duration", type=float, default=120.0, help="the run's seconds")
     p.add_argument("--idle", type=float, default=60.0, help="idle seconds measured first")
@@ -233,22 +231,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=int, default=20, help="py-spy samples per second")
     p.add_argument("--nonblocking", action="store_true", help="py-spy without --native")
     p.add_argument("--classify", action="store_true", help="re-read DIR's result.json")
-    args = p.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ops.bench.harness.args import command_line
+
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "result.json"
     if args.classify:
         result = json.loads(path.read_text())
     else:
         t0, load = time.time(), os.getloadavg()
-        result = run(args)
-        result.update(command=" ".join(["python -m ops.bench.cpu_profile", *sys.argv[1:]]),
+        result = profile(args)
+        result.update(command=command_line("cpu-profile"),
                       started=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t0)),
                       loadavg_start=load, loadavg_end=os.getloadavg())
     result["by_process"] = _report(args.out, result)
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result["by_process"], indent=2))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

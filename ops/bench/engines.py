@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import json
 import statistics
-import sys
 import time
 from typing import Any
 
@@ -118,15 +117,3 @@ def table(results: dict[str, dict[str, float]]) -> str:
     rows += [f"{e:8} {r['startup_s']:9.1f} {r['ttft_cold_s']:11.3f} {r['ttft_warm_s']:11.3f} "
              f"{r['cold_over_warm']:9.1f} {r['tokens_per_s']:8.1f}" for e, r in results.items()]
     return "\n".join(rows)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m ops.bench.engines ARGS`` = ``kvroute bench engines ARGS``."""
-    p = argparse.ArgumentParser(prog="kvroute bench engines", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    return run(p.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -23,7 +23,7 @@ is looked up once and its result compared with the depths written (``mismatches`
 differences; 0 expected). Memory: ``INFO used_memory`` before / after the fill divided by the
 entries stored (``bytes_per_block``), cross-checked with ``MEMORY USAGE`` of one holdings HASH.
 
-Goal (issue 3): lookup p50 <= 3 x PING p50 and lookup p99 <= 10 x PING p50.
+Goal (the Redis index's): lookup p50 <= 3 x PING p50 and lookup p99 <= 10 x PING p50.
 
 Safe on a shared Redis: keys live in a fresh namespace ``kvroute-bench-<random>`` that is
 UNLINKed (SCAN + UNLINK of that namespace only, never FLUSH*) at the end, even on errors.

@@ -1,6 +1,6 @@
 """Reload from the mlx disk tier vs re-prefill, for the same prefix, on this machine.
 
-    python -m ops.bench.kv_disk [--tokens 4096] [--model DIR] [--rounds 3]
+    kvroute bench kv-disk [--tokens 4096] [--model DIR] [--rounds 3]
 
 One real ``MlxEngine`` (mlx-lm on CPU here) with a prefix store that holds one entry and a
 disk tier (``engine_kwargs.disk_bytes``): prompt A is prefilled, prompt B pushes A's KV to
@@ -33,7 +33,7 @@ async def _ttft(engine: MlxEngine, rid: str, ids: list[int]) -> tuple[float, Any
     raise RuntimeError("no Finished")
 
 
-async def run(model: str, tokens: int, rounds: int) -> dict[str, Any]:
+async def measure(model: str, tokens: int, rounds: int) -> dict[str, Any]:
     entry = tokens * 4096 * 3 // 2  # room for one prompt's KV (4 KiB/token): B evicts A
     disk = MlxEngine(model, "m", "disk", 64, cache_bytes=entry, max_cache_entries=1,
                      disk_bytes=64 * entry)
@@ -61,19 +61,15 @@ async def run(model: str, tokens: int, rounds: int) -> dict[str, Any]:
             "speedup_median": statistics.median(prefill_s) / statistics.median(reload_s)}
 
 
-def main(argv: list[str] | None = None) -> int:
-    from ops.models.tiny_model import ensure_model
-
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens", type=int, default=4096)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--model", help="mlx model folder (default: the tiny offline model)")
-    args = p.parse_args(argv)
-    out = asyncio.run(run(args.model or str(ensure_model()), args.tokens, args.rounds))
+
+
+def run(args: argparse.Namespace) -> int:
+    from ops.models.tiny_model import ensure_model
+
+    out = asyncio.run(measure(args.model or str(ensure_model()), args.tokens, args.rounds))
     print(json.dumps(out, indent=2))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

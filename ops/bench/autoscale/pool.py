@@ -1,11 +1,11 @@
-"""Repeats of ``bench autoscale`` pooled per policy, and issue 20's two goal points.
+"""Repeats of ``bench autoscale`` pooled per policy, and the autoscaler's two goal points.
 
 One 76-request run's p90 is set by one burst and moves by more than the goals' margins, so
 the goal is read on repeats: each policy's requests pooled (a failed request counts as an
 infinite TTFT), its replica-seconds averaged, and the kvroute run set against the line
 through two serve-default runs (two ``--target-ongoing`` values):
 
-    python -m ops.bench.autoscale.pool docs/benchmarks/autoscale-repeat*.json
+    kvroute bench autoscale-pool docs/benchmarks/autoscale-repeat*.json
 
 * (b) replica-seconds at equal p90: kvroute's over the default's read off that line at
   kvroute's p90, and a bound that needs no line: over the most replica-seconds a default
@@ -91,11 +91,11 @@ def markdown(pooled: dict[str, Pooled]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    a = argparse.ArgumentParser(prog="python -m ops.bench.autoscale.pool", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(a: argparse.ArgumentParser) -> None:
     a.add_argument("files", nargs="+", type=Path, help="bench autoscale JSONs (one per run)")
-    args = a.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
     pooled = pool([json.loads(f.read_text()) for f in args.files])
     print(markdown(pooled))
     kv = [p for name, p in pooled.items() if name.startswith("kvroute")]
@@ -106,7 +106,3 @@ def main(argv: list[str] | None = None) -> int:
             points = goal_points(k, defaults[-1], defaults[0])
             print(f"\n{k.policy}: " + ", ".join(f"{n} {v:.2f}x" for n, v in points.items()))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -391,7 +391,7 @@ def check_goals(result: dict[str, Any]) -> dict[str, bool]:
 
 
 def peer_goals(r: dict[str, Any]) -> dict[str, bool]:
-    """Issue 19's goals against the peers: TTFT p50 <= 0.7x and p99 <= 0.8x the better exact
+    """The goals against the peers: TTFT p50 <= 0.7x and p99 <= 0.8x the better exact
     peer (Dynamo kv, vllm-router kv_aware; per percentile), cached ratio within 2 points of
     the best peer, CPU per request within 2x the cheapest peer (all of them are Rust)."""
     if "kvroute" not in r or len(r) < 2:

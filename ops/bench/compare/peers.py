@@ -12,6 +12,7 @@ default (their HTTP and Prometheus ports): every address is given as 127.0.0.1.
 
 from __future__ import annotations
 
+import argparse
 import fcntl
 import os
 import subprocess
@@ -150,14 +151,15 @@ def vllm_router(name: str, endpoints: list[str], events: list[str | None], model
     return RouterLaunch(name, cmd, flags, port)
 
 
-def main() -> None:
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """No options: every peer of ``VERSIONS`` is installed."""
+
+
+def run(args: argparse.Namespace) -> int:
     """Install every peer's venv (``make peers``) and print how long each install took."""
     for package in VERSIONS:
         start = time.monotonic()
         ensure_venv(package)
         print(f"{package} {VERSIONS[package]}: {venv_dir(package)} "
               f"(install {install_seconds(package)} s; this call {time.monotonic() - start:.1f} s)")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -1,8 +1,8 @@
 """KV leases, measured: the agent workload on sim replicas whose cache is smaller than the
 sessions' working set, leases on and off, same seed.
 
-    python -m ops.bench.leases.bench --duration 90 --concurrency 8 --kv-blocks 350
-    python -m ops.bench.leases.bench --duration 90 --concurrency 24 --kv-blocks 580 \
+    kvroute bench leases --duration 90 --concurrency 8 --kv-blocks 350
+    kvroute bench leases --duration 90 --concurrency 24 --kv-blocks 580 \
         --tool-time-s 3 --user-time-s 30 --rounds 2
 
 ``--concurrency`` is the number of sessions alive at once (closed loop: a session that
@@ -121,7 +121,7 @@ def working_set(records: list[Record], args: argparse.Namespace) -> dict[str, fl
             "working_set_ratio": round(per_replica / (args.kv_blocks * BLOCK_SIZE), 2)}
 
 
-def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+def runs(args: argparse.Namespace) -> list[dict[str, Any]]:
     from ops.models.tiny_model import ensure_model
 
     params = AgentParams(seed=args.seed, compact_tokens=args.compact_tokens,
@@ -152,8 +152,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=float, default=90.0, help="Load seconds per run.")
     p.add_argument("--rounds", type=int, default=1, help="Off/on pairs, alternated.")
     p.add_argument("--concurrency", type=int, default=8, help="Agent sessions at once.")
@@ -169,14 +168,14 @@ def main(argv: list[str] | None = None) -> None:
                    help="Median pause after a task's final answer (the user thinks).")
     p.add_argument("--compact-tokens", type=int, default=20000,
                    help="The workload compacts a session's history past this size.")
-    rows = run(p.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    rows = runs(args)
     print("\nleases  requests  TTFT p50   mean    p99   cached  renewals  working set / cache"
           "  ended (UTC), load")
     for r in rows:
         print(f"{'on ' if r['leases'] else 'off'}     {r['requests']:>8}  {r['ttft_p50_s']:6.3f} "
               f"{r['ttft_mean_s']:6.3f} {r['ttft_p99_s']:6.3f}  {100 * r['cached_ratio']:5.1f}%"
               f"  {r['renewals']:>8}  {r['working_set_ratio']:.2f}  {r['ended']}")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

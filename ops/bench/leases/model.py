@@ -1,7 +1,7 @@
 """KV leases in virtual time: the agent workload on ``SimCore`` replicas with the router's
 ``SessionGaps``; no Ray, no wall clock, so a run is deterministic and takes seconds.
 
-    python -m ops.bench.leases.model --sessions 24 --kv-blocks 580 --tool-time-s 3 \\
+    kvroute bench lease-model --sessions 24 --kv-blocks 580 --tool-time-s 3 \\
         --user-time-s 30
 
 It reads what the live bench (``ops.bench.leases.bench``) cannot see from outside the replicas:
@@ -233,8 +233,7 @@ class _Run:
         return per / (self.args.kv_blocks * self.cores[0].params.block_size)
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policies", default=",".join(POLICIES), help=f"Of {POLICIES}.")
     p.add_argument("--duration", type=float, default=300.0, help="Virtual seconds of load.")
     p.add_argument("--sessions", type=int, default=24, help="Sessions alive at once.")
@@ -247,7 +246,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tool-time-s", type=float, default=3.0)
     p.add_argument("--user-time-s", type=float, default=30.0)
     p.add_argument("--compact-tokens", type=int, default=20000)
-    args = p.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
     print("policy    requests  TTFT p50   mean  cached  pinned  ws/cache  renewals  leased "
           "blocks: granted refused hit expired evicted")
     for policy in args.policies.split(","):
@@ -257,7 +258,4 @@ def main(argv: list[str] | None = None) -> None:
               f"{100 * o.cached_ratio:6.1f}% {100 * o.pinned_fraction:6.0f}% "
               f"{o.working_set_ratio:8.2f}  {o.renewals:8}  {c.granted:21} {c.refused:7} "
               f"{c.hit:4} {c.expired:7} {c.evicted:7}", flush=True)
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -1,6 +1,6 @@
 """Pre-warmed scale-out, measured: the new replica's first 60 s with and without pre-warm.
 
-    python -m ops.bench.leases.prewarm --duration 100 --window 60 --rounds 1
+    kvroute bench prewarm --duration 100 --window 60 --rounds 1
 
 Each run deploys one sim model with Serve's default autoscaling (1 to 2 replicas,
 ``target_ongoing_requests`` 1, a long downscale delay) behind the kvroute router with a
@@ -114,7 +114,7 @@ def local_runs(configs: Sequence[Callable[[str, int], Any]],
             yield result
 
 
-def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+def runs(args: argparse.Namespace) -> list[dict[str, Any]]:
     from ops.models.tiny_model import ensure_model
 
     sim = {"kv_blocks": args.kv_blocks, "prefill_tok_s": args.prefill_tok_s,
@@ -139,8 +139,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=float, default=100.0, help="Load seconds per run.")
     p.add_argument("--window", type=float, default=60.0,
                    help="Seconds of the new replica's life measured.")
@@ -150,7 +149,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--kv-blocks", type=int, default=2000, help="Sim device blocks.")
     p.add_argument("--prefill-tok-s", type=float, default=20000.0)
     p.add_argument("--tpot-s", type=float, default=0.01)
-    rows = run(p.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    rows = runs(args)
     print("\nprewarm | new replica: requests  cached  TTFT p50 | its first 5: cached  TTFT "
           "p50 | all replicas: cached  TTFT p50")
     for r in rows:
@@ -159,6 +161,7 @@ def main(argv: list[str] | None = None) -> None:
               f"{_pct(n.get('cached_ratio'))}  {_s(n.get('ttft_p50_s'))} | "
               f"{_pct(f.get('cached_ratio'))}  {_s(f.get('ttft_p50_s'))} | "
               f"{_pct(a.get('cached_ratio'))}  {_s(a.get('ttft_p50_s'))}")
+    return 0
 
 
 def _pct(x: float | None) -> str:
@@ -167,7 +170,3 @@ def _pct(x: float | None) -> str:
 
 def _s(x: float | None) -> str:
     return "   -   " if x is None else f"{x:6.3f}s"
-
-
-if __name__ == "__main__":
-    main()

@@ -1,12 +1,12 @@
 """Per-request cost of ``router.app.client_guard.ClientGuardMiddleware`` in process (ASGI over
 httpx's ASGITransport, no network): a trivial unstreamed route and a 20-chunk stream, with
-and without the middleware, alternated. ``python -m ops.bench.micro.client_guard_cost [N]``."""
+and without the middleware, alternated. ``kvroute bench micro client-guard-cost [N]``."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import statistics
-import sys
 from collections.abc import AsyncIterator
 
 import httpx
@@ -59,13 +59,14 @@ async def medians(path: str, n: int) -> dict[bool, float]:
     return {g: statistics.median(t) for g, t in times.items()}
 
 
-def main() -> None:
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 3000
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("n", type=int, nargs="?", default=3000, help="requests per variant")
+
+
+def run(args: argparse.Namespace) -> int:
+    n = args.n
     for path, name in (("/u", "unstreamed"), ("/s", "20-chunk stream")):
         m = asyncio.run(medians(path, n))
         print(f"{name}: without {m[False] * 1e6:.0f} us, with {m[True] * 1e6:.0f} us, "
               f"added {(m[True] - m[False]) * 1e6:.0f} us (median of {n})")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

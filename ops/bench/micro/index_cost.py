@@ -2,7 +2,7 @@
 and ``record_routed`` (what a router with no Redis pays on every request) for prompts of
 N blocks, with four replicas holding 1, 1/2, 1/3 and 1/4 of the prompt.
 
-    python -m ops.bench.micro.index_cost [BLOCKS ...]    # default 940 2400 10000
+    kvroute bench micro index-cost [BLOCKS ...]    # default 940 2400 10000
 
 940 blocks is the agent bench's ~15k-token prompt at 16 tokens per block; 10,000 is a
 160k-token session. Process CPU ms per call, the median of 9 rounds of 50 calls.
@@ -10,9 +10,9 @@ N blocks, with four replicas holding 1, 1/2, 1/3 and 1/4 of the prompt.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import random
-import sys
 from collections.abc import Awaitable, Callable
 
 from cache_service import MemoryPrefixIndex
@@ -37,14 +37,15 @@ async def measure(blocks: int) -> tuple[float, float]:
     return lookup, write
 
 
-def main(argv: list[str] | None = None) -> int:
-    sizes = [int(a) for a in (sys.argv[1:] if argv is None else argv)] or [940, 2400, 10000]
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("blocks", type=int, nargs="*", default=[940, 2400, 10000],
+                   help="prompt sizes in blocks")
+
+
+def run(args: argparse.Namespace) -> int:
+    sizes = args.blocks
     print("| blocks | lookup ms | record_routed ms |\n|---:|---:|---:|")
     for blocks in sizes:
         lookup, write = asyncio.run(measure(blocks))
         print(f"| {blocks:,} | {lookup:.3f} | {write:.3f} |")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

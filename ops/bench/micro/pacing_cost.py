@@ -3,7 +3,7 @@
 ``workers.transport.stream_pacing.paced`` at 0 (no layer) and at 20 ms (the default). Process CPU µs
 per token, the engine's own sleeps included, and the chunks per stream.
 
-    python -m ops.bench.micro.pacing_cost [--impl PATH] [--rounds N]
+    kvroute bench micro pacing-cost [--impl PATH] [--rounds N]
 
 ``--impl`` measures another ``stream_pacing`` module, e.g. an older one:
 ``git show ea72c01:workers/transport/stream_pacing.py > /tmp/old.py``.
@@ -57,12 +57,13 @@ def _load(path: str | None) -> Paced:
     return module.paced  # type: ignore[no-any-return]
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--impl", help="a stream_pacing.py to measure instead of this tree's")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--tokens", type=int, default=TOKENS)
-    args = p.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
     paced = _load(args.impl)
     print("| round | interval ms | CPU µs per token | chunks per stream |")
     print("|---:|---:|---:|---:|")
@@ -71,7 +72,3 @@ def main(argv: list[str] | None = None) -> int:
             us, chunks = measure(paced, interval_s, args.tokens)
             print(f"| {r + 1} | {interval_s * 1e3:g} | {us:.1f} | {chunks:.0f} |", flush=True)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

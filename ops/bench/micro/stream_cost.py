@@ -4,17 +4,17 @@ through the router's own ASGI stack (``RequestIds``, telemetry, client guard, Fa
 waits, and no socket (what a real stream adds per token on top: the write syscall and the
 loopback stream's wake-up). Also the tool-call parser and the chunk encoder on their own.
 
-``python -m ops.bench.micro.stream_cost [N]``: CPU µs (process time) per token, from the medians of
+``kvroute bench micro stream-cost [N]``: CPU µs (process time) per token, from the medians of
 N requests of 140 and of 1 one-word chunks (the sim engine's ``" w123"``), alternated, with
 tools declared (hermes parser).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import statistics
-import sys
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -129,8 +129,12 @@ def _per_token(n: int, once: Any) -> float:
     return median_cpu_s(once, n) / TOKENS * 1e6
 
 
-def main() -> None:
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 400
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("n", type=int, nargs="?", default=400, help="requests of each length")
+
+
+def run(args: argparse.Namespace) -> int:
+    n = args.n
     telemetry.ACCESS.setLevel(logging.WARNING)  # one access line per request: not ours
     app = _app()
     loop = asyncio.new_event_loop()
@@ -154,7 +158,4 @@ def main() -> None:
     encode = _per_token(n * 10, lambda: [enc.text(t) for t in TEXTS])
     print(f"stream {whole:.2f} us/token over a 1-token request's {request:.0f} us; parser "
           f"{parser:.2f} us/token, encoder {encode:.2f} (CPU, medians of {n} requests)")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -1,5 +1,5 @@
 """``kvroute bench router``: the router's own work per request, before vs after the prompt
-cache (issue 16), in one run.
+cache, in one run.
 
     kvroute bench router --quick --out router.json          # ~3 min on 2 cores
     kvroute bench router --lengths 1000,4000,16000,64000,160000 --repeats 8 --turns 32 \\
@@ -10,7 +10,7 @@ For each mode it starts a fresh local Ray and one router replica over one sim re
 environment inherited by every Serve process:
 
 * ``before``: ``KVROUTE_PROMPT_CACHE=0 KVROUTE_TOKENIZE_OFFLOAD=0``: whole-prompt
-  tokenization on the event loop (the code before issue 16);
+  tokenization on the event loop (the code before the prompt cache);
 * ``after``: the defaults (prompt cache on, tokenization in the pool).
 
 Per prompt length it sends, one at a time, non-streamed chat requests with ``max_tokens`` 1:
@@ -214,7 +214,7 @@ async def stall(spec: RouterBenchSpec, prompts: Prompts, url: str, mode: str
 
     The cold prompt is built and its ~600 KB body encoded before any stream starts: done
     in the window, on the loop that reads the streams, it paused them 33-43 ms itself
-    (session 12's loop-lag probe), and every stall figure before counted that."""
+    (found with a loop-lag probe), and every stall figure before counted that."""
     out: dict[str, float] = {}
     cold = json.dumps({"model": MODEL, "max_tokens": 1, "messages": prompts.one(
         f"{mode}-stall", max(spec.lengths))}).encode()
@@ -255,7 +255,7 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
 def bench_stack(spec: RouterBenchSpec, ingress: str = "auto") -> CompareSpec:
     """One router replica over one sim replica. No peer router runs here, so the replica
     publishes no vLLM-format KV events: encoding them for a cold 156k-token prompt took
-    ~30 ms of its loop (session 13), which no kvroute deployment pays."""
+    ~30 ms of its loop (measured), which no kvroute deployment pays."""
     return CompareSpec(engine="sim", replicas=1, sim=dict(spec.sim), ingress=ingress,
                        context_window=max(262144, 2 * max(spec.lengths)), peer_kv_events=False)
 

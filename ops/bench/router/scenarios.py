@@ -1,11 +1,11 @@
-"""Two more ``kvroute bench router`` figures (issue 16):
+"""Two more ``kvroute bench router`` figures of the prompt cache:
 
 ``--move``: a session's turn on a router replica that never saw it (a restart, a
 scale-out), with and without the shared Redis level of the prompt cache
 (``router.prompt.store``). In process, with the router's own ``ChatTokenizer``: replica A
 serves a session growing by ~1k tokens a turn up to ``--move-length`` tokens; then a fresh
 replica B serves its next turn, as (1) the cache off (whole-prompt tokenization, the code
-before issue 16), (2) local cache only (B's is empty), (3) local + Redis; and, for
+before the prompt cache), (2) local cache only (B's is empty), (3) local + Redis; and, for
 reference, (4) A itself (it saw the session). Process CPU and wall time of B's
 render + tokenize (what the router does per request that the cache changes); every
 result is checked bit-identical against full tokenization.
@@ -313,8 +313,8 @@ def add_arguments(r: Any) -> None:
     r.add_argument("--agent-max-tokens", type=int, help="--agent: cap every reply (1: the "
                    "router's prompt-side work alone, no output streaming)")
     r.add_argument("--agent-base", help="--agent: \"before\" runs the code of this checkout "
-                   "(e.g. a worktree of the commit before issue 16) instead of this code with "
-                   "the prompt cache off")
+                   "(e.g. a worktree of a commit before the prompt cache) instead of this "
+                   "code with the prompt cache off")
     r.add_argument("--agent-rounds", type=int, default=1, help="--agent: alternate the modes "
                    "this many times (the ratio is over all rounds)")
     r.add_argument("--agent-ingress", choices=("auto", "proxy", "direct"), default="auto",

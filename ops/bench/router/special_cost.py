@@ -1,4 +1,5 @@
-"""``kvroute bench router --specials``: what finding 11's fix costs per request (in process).
+"""``kvroute bench router --specials``: what escaping the model's special tokens in client text
+costs per request (in process).
 
 An agent-shaped chat of ~``--specials-length`` tokens (a system prompt, 20 tools, rounds
 of a tool call and its ~1k-token result) through the router's own ``ChatTokenizer``.

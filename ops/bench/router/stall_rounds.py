@@ -1,10 +1,10 @@
-"""``kvroute bench router --stall N``: issue 16's stall figure alone, N rounds per ingress.
+"""``kvroute bench router --stall N``: the prompt cache's stall figure alone, N rounds per ingress.
 
 The full run measures the stall once per mode: 8 short streams, their inter-chunk p99 over
 3 s unloaded, then over the ~0.8 s in which one cold 160k-token prompt arrives. At 50
 chunks a second that second p99 is about the third-largest of ~300 gaps, so a single
 10 ms pause of the router or the worker sets it, and one run reads anywhere from 1.2x to
-2x (docs/benchmarks.md, session 12). This runs the stall alone on "after" (this tree,
+2x (docs/benchmarks.md). This runs the stall alone on "after" (this tree,
 prompt cache on), on a fresh stack per round, alternating the ingresses, and reports each
 round and the median ratio per ingress.
 

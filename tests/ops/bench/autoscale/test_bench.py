@@ -114,7 +114,7 @@ def test_cli_runs_one_spec_per_policy_knob(monkeypatch: pytest.MonkeyPatch) -> N
     import argparse
 
     from ops.bench.autoscale import bench as autoscale
-    from ops.bench.autoscale import options as autoscale_cli
+    from ops.bench.autoscale import command as autoscale_cli
 
     seen: list[AutoscaleSpec] = []
 

@@ -1,4 +1,4 @@
-"""Pooling ``bench autoscale`` repeats and reading issue 20's goal points from them."""
+"""Pooling ``bench autoscale`` repeats and reading the autoscaler's goal points from them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The agent workload plans its requests below the server's context window (issue 19)."""
+"""The agent workload plans its requests below the server's context window."""
 
 from __future__ import annotations
 

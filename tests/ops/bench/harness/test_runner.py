@@ -1,6 +1,6 @@
 """The bench ``Runner``'s drain: a request cut at the drain timeout is recorded as itself
 (its key, session and send time), not as an anonymous error at the end of the run (the
-stranded request of issue 20 first read as sent at t = 480 s, the drain's end)."""
+stranded request of an autoscale run first read as sent at t = 480 s, the drain's end)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``python -m ops.bench.micro.index_cost``: it measures the calls it names on the index it
+"""``kvroute bench micro index-cost``: it measures the calls it names on the index it
 builds (four replicas holding 1/1 .. 1/4 of the prompt)."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 from cache_service import MemoryPrefixIndex
+from ops.bench.__main__ import main as bench_main
 from ops.bench.micro import index_cost
 
 
@@ -27,6 +28,6 @@ def test_the_index_it_measures_holds_the_runs_it_says(monkeypatch: pytest.Monkey
 
 
 def test_it_prints_a_row_per_size(capsys: pytest.CaptureFixture[str]) -> None:
-    assert index_cost.main(["50", "80"]) == 0
+    assert bench_main(["micro", "index-cost", "50", "80"]) == 0
     rows = capsys.readouterr().out.splitlines()
     assert [r.split("|")[1].strip() for r in rows[2:]] == ["50", "80"]

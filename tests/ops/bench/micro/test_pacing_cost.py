@@ -1,4 +1,4 @@
-"""``python -m ops.bench.micro.pacing_cost``: the streams it reads carry every token, paced
+"""``kvroute bench micro pacing-cost``: the streams it reads carry every token, paced
 streams in fewer chunks, and ``--impl`` measures the module it names."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from ops.bench.__main__ import main as bench_main
 from ops.bench.micro import pacing_cost
 from workers.transport import stream_pacing
 
@@ -22,6 +23,7 @@ def test_impl_measures_the_module_it_names(tmp_path: Path,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     unpaced = tmp_path / "unpaced.py"
     unpaced.write_text("def paced(items, interval_s):\n    return items\n")
-    assert pacing_cost.main(["--impl", str(unpaced), "--rounds", "1", "--tokens", "10"]) == 0
+    assert bench_main(["micro", "pacing-cost", "--impl", str(unpaced), "--rounds", "1",
+                       "--tokens", "10"]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 1 ")]
     assert [row.split("|")[4].strip() for row in rows] == ["10", "10"]  # never merged

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ops.bench.autoscale import bench as autoscale
 from ops.bench.harness import report
+from ops.bench.harness.args import command_line
 from ops.bench.harness.workloads import override_params
 
 
@@ -60,7 +59,9 @@ def add_arguments(a: argparse.ArgumentParser) -> None:
     a.add_argument("--quiet", action="store_true")
 
 
-def run(args: argparse.Namespace) -> int:
+def specs(args: argparse.Namespace) -> list[autoscale.AutoscaleSpec]:
+    """One run per policy, per its own knob's value (serve-default's target, kvroute's
+    objective) and per ``--prewarm`` setting."""
     d = autoscale.AutoscaleSpec()
     base = replace(
         d, duration_s=args.duration, trace=args.trace, trace_start_s=args.trace_start,
@@ -80,23 +81,38 @@ def run(args: argparse.Namespace) -> int:
                          for t in (args.policy_ttft or "").split(",")]}
     if bad := set(args.policy.split(",")) - set(knobs):
         raise SystemExit(f"--policy: unknown {sorted(bad)}")
-    specs = [replace(base, policy=p, prewarm=warm[w], **dict([k]))
-             for p in args.policy.split(",") for k in knobs[p]
-             for w in args.prewarm.split(",")]
-    command = "kvroute bench " + shlex.join(sys.argv[sys.argv.index("autoscale"):]) \
-        if "autoscale" in sys.argv else "kvroute bench autoscale"
+    return [replace(base, policy=p, prewarm=warm[w], **dict([k]))
+            for p in args.policy.split(",") for k in knobs[p]
+            for w in args.prewarm.split(",")]
+
+
+def run(args: argparse.Namespace) -> int:
+    specs_ = specs(args)
+    command = command_line("autoscale")
 
     def write(bench: dict[str, Any]) -> None:  # as each run ends
         bench["command"] = command
         report.validate(bench)
         if args.out:
             args.out.parent.mkdir(parents=True, exist_ok=True)
-            path = args.out if len(specs) == 1 else \
+            path = args.out if len(specs_) == 1 else \
                 args.out.with_name(f"{args.out.stem}-{bench['policy']}{args.out.suffix}")
             path.write_text(json.dumps(bench, indent=2) + "\n")
 
-    benches = autoscale.run_autoscale(specs, show=not args.quiet, on_run=write)
+    benches = autoscale.run_autoscale(specs_, show=not args.quiet, on_run=write)
     runs = {b["policy"]: b for b in benches}
+    _print_runs(runs)
+    for other in args.others:
+        b = json.loads(other.read_text())
+        runs.setdefault(b["policy"], b)
+    if args.plot:
+        report.plot_autoscale(runs, args.plot)
+    if args.markdown:
+        args.markdown.write_text(report.markdown_autoscale(runs))
+    return 0
+
+
+def _print_runs(runs: dict[str, dict[str, Any]]) -> None:
     print(report.markdown_autoscale(runs))
     for name, b in runs.items():
         print(f"{name}: replica-seconds {b['replica_seconds']:.0f}  SLO attainment "
@@ -105,11 +121,3 @@ def run(args: argparse.Namespace) -> int:
               f"(p90 {100 * b['cpu_busy_p90']:.0f}%)  scale-downs lost "
               f"{b['scale_down_lost_blocks']} cached blocks (stopping the least-used: "
               f"{b['scale_down_least_lost_blocks']})")
-    for other in args.others:
-        b = json.loads(other.read_text())
-        runs.setdefault(b["policy"], b)
-    if args.plot:
-        report.plot_autoscale(runs, args.plot)
-    if args.markdown:
-        args.markdown.write_text(report.markdown_autoscale(runs))
-    return 0 if all(b["errors"] == 0 for b in benches) else 1
