@@ -73,7 +73,7 @@ TOKEN_ID_ROUTERS = ("kvroute", "vllm-router", "vllm-router-cache-aware", "dynamo
 EXACT_PEERS = ("dynamo", "vllm-router")  # route from the replicas' KV events
 SGLANG_POLICY = {"round-robin": "round_robin", "sglang-router": "cache_aware"}
 MODEL = "bench-model"
-__all__ = ["MODEL", "ROUTERS", "CompareSpec", "Subprocess", "free_port", "run_compare"]
+__all__ = ["MODEL", "ROUTERS", "CompareSpec", "Subprocess", "run_compare"]
 
 
 @dataclass(frozen=True, slots=True)
