@@ -67,8 +67,31 @@ class ServerConfig(Strict):
         "largest window x this (+1 MiB) is a 413 before parsing or tokenizing.",
     )
     body_read_timeout_s: float = Field(
-        60.0, gt=0, description="A request body must arrive within this; a slower one is a "
-        "408 (slowloris; 8 MiB at 1 Mbit/s takes 67 s, LAN clients take milliseconds).",
+        30.0, gt=0, description="A request body must arrive within this; a slower one is a "
+        "408 (slowloris; 8 MiB needs 2.2 Mbit/s, LAN clients take milliseconds).",
+    )
+    max_header_bytes: int = Field(
+        64 << 10, ge=4096, description="Largest request head (request line and headers); over "
+        "it a 431 and the connection closes (ingress direct; docs/reliability.md).",
+    )
+    header_timeout_s: float = Field(
+        10.0, gt=0, description="A request head must arrive within this of the connection "
+        "opening (or of its first byte on a kept-alive connection), else the connection "
+        "closes: idle floods and slowloris (ingress direct).",
+    )
+    keep_alive_s: float = Field(
+        75.0, gt=0, description="An idle kept-alive connection closes after this; keep it "
+        "above the idle timeout of a load balancer in front (ingress direct).",
+    )
+    max_connections: int = Field(
+        8192, ge=1, description="Open connections per router replica (and below its "
+        "file-descriptor limit, less 1,024 kept for Redis and Serve); past it a 503 with "
+        "retry-after (ingress direct).",
+    )
+    max_connections_per_client: int = Field(
+        1024, ge=0, description="Open connections from one client address per router replica; "
+        "0: no cap (behind a load balancer every connection has its address: raise it or "
+        "set 0 there, and cap clients at the balancer).",
     )
     request_timeout_s: float | None = Field(
         3600.0, gt=0, description="End-to-end deadline of every request, streams included, "

@@ -19,6 +19,8 @@ from typing import Any
 
 import uvicorn
 
+from router.app.edge import EdgeLimits, edge_protocol
+
 log = logging.getLogger(__name__)
 START_TIMEOUT_S = 30.0
 
@@ -54,13 +56,15 @@ def address_of(sock: socket.socket) -> str:
 
 class AsgiServer:
     """``app`` served on ``sock`` until ``stop``; ``graceful_s``: how long ``stop`` lets open
-    requests finish before it closes them."""
+    requests finish before it closes them; ``limits``: the HTTP edge's (``router.app.edge``)."""
 
-    def __init__(self, app: Any, sock: socket.socket, graceful_s: float = 10.0) -> None:
+    def __init__(self, app: Any, sock: socket.socket, graceful_s: float = 10.0,
+                 limits: EdgeLimits = EdgeLimits(), keep_alive_s: float = 75.0) -> None:  # noqa: B008 - frozen
         self.sock, self.graceful_s = sock, graceful_s
         self._server = _Server(uvicorn.Config(
-            app, log_level="warning", access_log=False, lifespan="off", timeout_keep_alive=75,
-            timeout_graceful_shutdown=graceful_s))
+            app, log_level="warning", access_log=False, lifespan="off",
+            timeout_keep_alive=keep_alive_s, timeout_graceful_shutdown=graceful_s,
+            http=edge_protocol(limits)))
         self._task: asyncio.Task[None] | None = None
 
     @property

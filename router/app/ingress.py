@@ -29,6 +29,7 @@ from router.api.openai import routes as openai_routes
 from router.api.responses import routes as responses_routes
 from router.api.responses.store import ResponseStore
 from router.app.client_guard import ClientGuardMiddleware
+from router.app.edge import EdgeLimits
 from router.app.listener import ONGOING_STAT, Listener
 from router.app.metrics_hub import MetricsCache, push_metrics
 from router.app.openapi import kvroute_openapi
@@ -116,7 +117,8 @@ class Ingress:
         self._listener: Listener | None = None
         if cfg.server.ingress == "direct":
             self._listener = Listener(cfg.server.host, cfg.server.port, max_open=(
-                cfg.router.max_ongoing_requests + cfg.router.max_queued_requests))
+                cfg.router.max_ongoing_requests + cfg.router.max_queued_requests),
+                limits=EdgeLimits.of(cfg.server), keep_alive_s=cfg.server.keep_alive_s)
             self._listening = asyncio.get_running_loop().create_task(self._listen())
 
     async def _listen(self) -> None:

@@ -29,6 +29,7 @@ from ray.serve import context as serve_context
 from starlette.types import ASGIApp, Message, Receive, Send
 
 from router.app.asgi_server import AsgiServer, address_of, bind
+from router.app.edge import EdgeLimits
 from router.errors import ApiError, error_response
 
 _SANE_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
@@ -89,13 +90,15 @@ class Listener:
     clear error; ``start`` serves ``app`` on it."""
 
     def __init__(self, host: str, port: int, graceful_s: float = 15.0,
-                 max_open: int | None = None) -> None:
+                 max_open: int | None = None, limits: EdgeLimits = EdgeLimits(),  # noqa: B008
+                 keep_alive_s: float = 75.0) -> None:
         try:
             self._sock = bind(host, port, reuse_port=True)
         except OSError as e:
             raise RuntimeError(f"server.ingress 'direct': cannot listen on {host}:{port} ({e}); "
                                "another program holds the port") from None
         self.graceful_s, self.max_open = graceful_s, max_open
+        self.limits, self.keep_alive_s = limits, keep_alive_s
         self._server: AsgiServer | None = None
         self._ids: RequestIds | None = None
 
@@ -114,7 +117,8 @@ class Listener:
 
     async def start(self, app: ASGIApp, app_name: str) -> None:
         self._ids = RequestIds(app, app_name, self.max_open)
-        self._server = AsgiServer(self._ids, self._sock, self.graceful_s)
+        self._server = AsgiServer(self._ids, self._sock, self.graceful_s, self.limits,
+                                  self.keep_alive_s)
         await self._server.start()
 
     async def stop(self) -> None:
