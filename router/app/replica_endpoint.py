@@ -1,6 +1,6 @@
 """A replica's own OpenAI endpoint on loopback, bypassing the router.
 
-For ``kvroute bench compare`` (issue 9): other routers (sglang-router, a plain
+For ``kvroute bench compare``: other routers (sglang-router, a plain
 round-robin) are pointed at these endpoints, so every router drives the same
 replicas, and kvroute's own overhead is measured against calling a replica
 directly. Turned on by ``ModelConfig.direct_http``.
@@ -10,7 +10,8 @@ It serves, on ``127.0.0.1`` and a free port:
 * ``POST /v1/chat/completions``: the chat is templated and tokenized exactly as the
   router does it (``ChatCompletionRequest.template_messages``, the model's chat
   template via ``ChatTokenizer``), so a conversation reaches the engine as the same
-  token ids whichever way it came; tool calls are parsed as the router parses them.
+  token ids whichever way it came; tool calls are parsed, and replies encoded, by the
+  router's own code (``router.api.openai``: ``ChatReply`` over ``ChatOutput``).
 * ``POST /v1/completions``: ``prompt`` as a string or a list of token ids.
 * Both stream (SSE, ``stream_options.include_usage``) or not, with usage carrying
   ``prompt_tokens_details.cached_tokens`` from the engine, and the header
@@ -28,7 +29,7 @@ stack tokenizes outside its scheduler too).
 
 Not kvroute's router: no prefix index, no retries, no API keys, no rate limits. Its POST
 routes (generation, tokenization) need ``Authorization: Bearer <token>``, the random token
-the app builder makes per deployment (review finding 19): any process on the pod's or
+the app builder makes per deployment: any process on the pod's or
 host's loopback could otherwise bypass kvroute's keys and limits. GET probes stay open. In
 memory-index mode the worker piggybacks its cache events on each final message;
 the ones of requests served here are dropped (nothing routes on them).
@@ -37,11 +38,12 @@ the ones of requests served here are dropped (nothing routes on them).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -53,6 +55,7 @@ from starlette.routing import Route
 from tokenizers import Tokenizer
 
 from router.api.openai import encode as oa
+from router.api.openai.routes import ChatReply
 from router.api.openai.schema import ChatCompletionRequest, CompletionRequest, SamplingFields
 from router.app.asgi_server import AsgiServer, bind
 from router.errors import ApiError, openai_error
@@ -110,6 +113,7 @@ class DirectHttp:
         self._pool: ThreadPoolExecutor | None = None
         self._parser_family: str | None = None
         self._server: AsgiServer | None = None
+        self._closing: set[asyncio.Task[None]] = set()
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
@@ -265,6 +269,14 @@ class DirectHttp:
 
         return await asyncio.get_running_loop().run_in_executor(self._pool, run)
 
+    def abort(self, stream: AsyncIterator[WorkerMessage]) -> None:
+        """Close an engine stream its reply left (a client gone mid-stream)."""
+        aclose = getattr(stream, "aclose", None)
+        if aclose is not None:
+            task = asyncio.get_running_loop().create_task(_quietly(aclose()))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
     def _check_model(self, model: str) -> None:
         if model != self.model and model != self.model_path:
             raise ApiError(404, f"model {model!r} does not exist", "model_not_found", "model")
@@ -290,89 +302,81 @@ class DirectHttp:
             await gen.aclose()
             return openai_error(ApiError(first.status, first.message, "engine_rejected"))
         headers = {"x-kvroute-replica": first.replica, "x-request-id": rid}
-        run = _Run(gen, first, parser)
+        ids_back = req.stream and not chat and getattr(req, "return_token_ids", False)
+        run = _Run(gen, first, self, [] if ids_back else None)
+        enc = (_WithIds(rid, req.model, run.ids) if run.ids is not None
+               else oa.ChunkEncoder(rid, req.model, chat) if req.stream else None)
+        include = bool(req.stream_options and req.stream_options.include_usage)
+        # the router's own reply and accumulator, with no reasoning parser (the router's
+        # baseline: what a replica's plain OpenAI server returns)
+        reply = ChatReply(run, oa.ChatOutput(enc), parser, None, rid, req.model, chat, include)
         if req.stream:
-            include = bool(req.stream_options and req.stream_options.include_usage)
-            run.ids = [] if getattr(req, "return_token_ids", False) else None
-            body = self._stream(run, rid, req.model, chat, include)
-            return StreamingResponse(body, media_type="text/event-stream", headers=headers)
+            return StreamingResponse(reply.stream(), media_type="text/event-stream",
+                                     headers=headers)
         try:
-            await run.collect()
-        except Exception as e:
-            log.warning("direct request %s failed: %r", rid, e)
-            return openai_error(ApiError(503, "generation failed", "replica_failed"))
+            body = await reply.collect()
+        except ApiError as e:  # the engine failed mid-generation
+            return openai_error(e)
         finally:
-            self.ongoing -= 1
             await gen.aclose()
-        text = "".join(run.text)
-        body = (oa.chat_completion(rid, req.model, text, run.final, run.calls) if chat
-                else oa.text_completion(rid, req.model, text, run.final))
         return JSONResponse(body, headers=headers)
-
-    async def _stream(self, run: _Run, rid: str, model: str, chat: bool,
-                      include_usage: bool) -> AsyncIterator[bytes]:
-        try:
-            if chat:
-                yield oa.sse(oa.chat_chunk(rid, model, {"role": "assistant", "content": ""}, None))
-            async for delta in run.deltas():
-                yield oa.sse(oa.chat_chunk(rid, model, delta, None) if chat
-                             else run.with_ids(oa.text_chunk(rid, model,
-                                                             delta.get("content", ""), None)))
-            reason = oa.finish_reason(run.final, bool(run.calls))
-            yield oa.sse(oa.chat_chunk(rid, model, {}, reason) if chat
-                         else run.with_ids(oa.text_chunk(rid, model, "", reason)))
-            if include_usage:
-                obj = "chat.completion.chunk" if chat else "text_completion"
-                yield oa.sse(oa.usage_chunk(rid, model, obj, run.final))
-        except Exception as e:  # the engine failed mid-stream: end with an error chunk
-            log.warning("direct stream %s failed: %r", rid, e)
-            yield oa.sse(oa.stream_error("generation failed"))
-        finally:
-            self.ongoing -= 1
-            await run.gen.aclose()  # also on client disconnect: aborts the generation
-        yield oa.sse("[DONE]")
 
 
 class _Run:
-    """One generation's wire messages → text / tool-call deltas, final message kept."""
+    """One engine generation as ``ChatReply`` reads a router ``Generation``: its messages
+    (the engine's token ids collected when asked), its final message and its close."""
 
-    def __init__(self, gen: AsyncIterator[WorkerMessage], first: WorkerMessage,
-                 parser: tc.ToolParser | None) -> None:
-        self.gen, self.first, self.parser = gen, first, parser
+    def __init__(self, stream: AsyncIterator[WorkerMessage], first: WorkerMessage,
+                 owner: DirectHttp, ids: list[int] | None) -> None:
+        self.stream, self.first, self.replica, self._owner = stream, first, first.replica, owner
         self.final: Final | None = None
-        self.ids: list[int] | None = None  # a list: the engine's token ids are collected
-        self.text: list[str] = []
-        self.calls: list[tc.ToolCall] = []
+        self.ids = ids  # a list: the engine's token ids are collected
+        self._closed = False
 
-    async def _messages(self) -> AsyncIterator[WorkerMessage]:
-        msg: WorkerMessage | None = self.first
-        while msg is not None:
-            if isinstance(msg, Final):
-                self.final = msg
-            elif self.ids is not None and isinstance(msg, Chunk):
-                self.ids.extend(msg.token_ids)
-            yield msg
-            msg = None if self.final else await anext(self.gen, None)
+    async def messages(self) -> AsyncIterator[WorkerMessage]:
+        try:
+            msg: WorkerMessage | None = self.first
+            while msg is not None:
+                if isinstance(msg, Final):
+                    self.final = msg
+                elif self.ids is not None and isinstance(msg, Chunk):
+                    self.ids.extend(msg.token_ids)
+                yield msg
+                msg = None if self.final else await anext(self.stream, None)
+        finally:
+            await self.stream.aclose()  # also on a failure: aborts the generation
 
-    async def deltas(self) -> AsyncIterator[dict[str, Any]]:
-        async for ev in tc.events(self._messages(), self.parser):
-            if isinstance(ev, str):
-                self.text.append(ev)
-                yield {"content": ev}
-            else:
-                self.calls.append(ev)
-                yield {"tool_calls": [oa.tool_call(ev, len(self.calls) - 1)]}
+    def close(self) -> None:
+        """The reply is over; a generation left unfinished (the client went) is aborted."""
+        if self._closed:
+            return
+        self._closed = True
+        self._owner.ongoing -= 1
+        if self.final is None:
+            self._owner.abort(self.stream)
 
-    def with_ids(self, chunk: dict[str, Any]) -> dict[str, Any]:
-        """vLLM's ``return_token_ids``: the engine's ids since the last chunk on its choice
-        (Dynamo's worker shim passes them on instead of re-encoding the text)."""
-        if self.ids is not None:
-            chunk["choices"][0]["token_ids"], self.ids = self.ids, []
-        return chunk
 
-    async def collect(self) -> None:
-        async for _ in self.deltas():
-            pass
+class _WithIds(oa.ChunkEncoder):
+    """vLLM's ``return_token_ids``: each completion chunk carries the engine's ids since the
+    last one (Dynamo's worker shim passes them on instead of re-encoding the text)."""
+
+    def __init__(self, rid: str, model: str, ids: list[int]) -> None:
+        super().__init__(rid, model, chat=False)
+        self.ids = ids  # filled by ``_Run.messages``
+
+    def text(self, text: str) -> bytes:
+        return self.delta({"text": text})
+
+    def delta(self, delta: dict[str, Any], reason: str | None = None) -> bytes:
+        chunk = oa.text_chunk(self.rid, self.model, delta.get("text", ""), reason, self.created)
+        chunk["choices"][0]["token_ids"] = list(self.ids)
+        self.ids.clear()
+        return oa.sse(chunk)
+
+
+async def _quietly(closing: Awaitable[None]) -> None:
+    with contextlib.suppress(Exception):  # a stream already closing, or its own failure
+        await closing
 
 
 async def _parse(request: Request, schema: type[M]) -> M:

@@ -1,10 +1,10 @@
-"""Tool calls in a model's output: which family's parser a request gets, and the
-events of a generation.
+"""Tool calls in a model's output: which family's parser a request gets.
 
 The parsers live in ``router.output.tool_parsers`` (one module per family). A model's family
 is its config's ``tool_parser`` if set, else detected once from its own chat template
 and its tokenizer's special tokens (``family_for_model``); a model whose family is not
-recognised is logged once and its output passes through as text. The request's tools
+recognised is logged once and its output passes through as text. The events of a
+generation come from ``router.output.events``. The request's tools
 (in the template's OpenAI function shape, as all three APIs render them) give the
 parser the parameters' JSON schemas, which the XML-style families need to type values.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from deploy.config import ModelConfig
@@ -28,9 +28,8 @@ from router.output.tool_parsers import (
     make_parser,
 )
 from router.prompt.tokenizer import resolve_model_dir
-from workers.protocol import Chunk, WorkerMessage
 
-__all__ = ["FAMILIES", "Event", "ToolCall", "ToolParser", "detect_family", "events",
+__all__ = ["FAMILIES", "Event", "ToolCall", "ToolParser", "detect_family",
            "family_for_model", "make_parser", "parser_for", "template_source"]
 
 log = logging.getLogger(__name__)
@@ -85,16 +84,3 @@ def parser_for(model: ModelConfig, tools: Sequence[Mapping[str, Any]] | None
     """A fresh parser for one request to ``model`` offering ``tools``."""
     family = model.tool_parser or family_for_model(model.model_path)
     return make_parser(family, schemas(tools))
-
-
-async def events(
-    messages: AsyncIterator[WorkerMessage], parser: ToolParser | None
-) -> AsyncIterator[Event]:
-    """Worker messages → text and tool-call events (text passes through without a parser)."""
-    async for msg in messages:
-        if isinstance(msg, Chunk) and (text := msg.text):
-            for ev in parser.feed(text) if parser else (text,):
-                yield ev
-    if parser is not None:
-        for ev in parser.flush():
-            yield ev

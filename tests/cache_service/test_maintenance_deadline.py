@@ -90,7 +90,7 @@ async def test_a_slow_redis_cannot_hold_up_maintenance(tiny_model_dir: Path) -> 
                         router=RouterConfig(maintenance_s=1.0))
     core = RouterCore(cfg, {})
     views.register(MODEL, View("alive"))
-    core._ticks = 4  # noqa: SLF001  # the 5th tick also purges and reads stats
+    core.housekeeping.ticks = 4  # the 5th tick also purges and reads stats
     try:
         start = time.monotonic()
         await asyncio.wait_for(core.maintain(), 10.0)

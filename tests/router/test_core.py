@@ -30,7 +30,7 @@ def test_a_replica_routed_to_and_gone_before_a_tick_is_purged(tiny_model_dir: Pa
     async def run() -> tuple[set[str], set[str]]:
         await core.index.record_routed(MODEL, "short-lived", [1, 2, 3])  # it holds entries
         await core.index.record_routed(MODEL, "alive", [4])
-        core.remember(MODEL, "short-lived")  # what _dispatch does when it routes there
+        core.housekeeping.remember(MODEL, "short-lived")  # what dispatch does when it routes there
         before = await core.index.live_replicas(MODEL)
         await core.maintain()  # Serve's view never showed it: it died first
         return before, await core.index.live_replicas(MODEL)

@@ -25,23 +25,16 @@ clients (the Anthropic SDKs, Claude Code) take as the final usage.
 
 from __future__ import annotations
 
-import json
-import secrets
-import string
 from typing import Any
 
-from router import telemetry
-from router.api.common.wire import quote
-from router.output.reasoning_parsers import Event, Reasoning
+from router.api.common.output import REASONING, TEXT, Output
+from router.api.common.wire import base62_id, quote, sse_event, template
 from router.output.tool_calls import ToolCall
 from workers.protocol import Final, Usage
 
-_ALPHABET = string.ascii_letters + string.digits
-
-
-def new_id(prefix: str) -> str:
-    """``msg_…`` / ``toolu_…`` ids in Anthropic's style (24 base62 characters)."""
-    return prefix + "".join(secrets.choice(_ALPHABET) for _ in range(24))
+sse = sse_event  # every Anthropic event is named
+new_id = base62_id  # ``msg_…`` / ``toolu_…``: 24 base62 characters
+_BLOCK = {TEXT: "text", REASONING: "thinking"}  # the block type of each kind of piece
 
 
 def usage(final: Final | None, prompt_tokens: int) -> dict[str, int]:
@@ -82,10 +75,6 @@ def message(
     }
 
 
-def sse(event: str, data: dict[str, Any]) -> bytes:
-    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
-
-
 def message_start(mid: str, model: str, prompt_tokens: int) -> bytes:
     use = {"input_tokens": prompt_tokens, "cache_creation_input_tokens": 0,
            "cache_read_input_tokens": 0, "output_tokens": 0}
@@ -121,63 +110,56 @@ def block_delta_template(index: int, kind: str) -> tuple[bytes, bytes]:
     """``block_delta(index, kind, text)`` around the JSON of ``text``, built once per
     block: the bytes of every delta are ``head + json.dumps(text).encode() + tail``."""
     mark = "\x00"  # json.dumps escapes it, and the rest of the event holds none
-    head, tail = block_delta(index, kind, mark).split(json.dumps(mark).encode())
-    return head, tail
+    parts = template(block_delta(index, kind, mark), mark)
+    assert parts is not None
+    return parts[0], parts[1]
 
 
-class Blocks:
+class Blocks(Output):
     """Content blocks built from parser events; ``add`` also returns their SSE events.
 
     The non-streaming path reads ``content``; the streaming path sends what
-    ``add`` and ``finish`` return.
+    ``add`` and ``finish`` return. ``single_tool``: ``disable_parallel_tool_use``.
     """
 
     def __init__(self, single_tool: bool = False) -> None:
+        super().__init__(single_tool)
         self.content: list[dict[str, Any]] = []
-        self.tool_calls = 0
-        self._open = False  # a text or thinking block is open (streaming)
-        self._single = single_tool  # disable_parallel_tool_use: keep the first call only
         self._delta = (b"", b"")  # the open block's delta template (block_delta_template)
 
-    def add(self, ev: Event) -> list[bytes]:
-        if isinstance(ev, ToolCall):
-            return self._tool(ev)
-        kind, key, text = ("thinking", "thinking", ev.text) if isinstance(ev, Reasoning) \
-            else ("text", "text", ev)
-        out = []
-        if self._open and self.content[-1]["type"] != kind:
-            out.append(self._stop())
-        if not self._open:
-            block = {"type": kind, key: ""}
-            if kind == "thinking":
-                block["signature"] = ""  # see the module docstring
-            out.append(self._start(block))
-            self._open = True
-            self._delta = block_delta_template(len(self.content) - 1, kind)
-        self.content[-1][key] += text
-        out.append(self._delta[0] + quote(text).encode() + self._delta[1])
-        return out
+    @property
+    def tool_calls(self) -> int:
+        return len(self.calls)
 
-    def finish(self) -> list[bytes]:
+    def begin(self, kind: str) -> bytes:
+        block = {"type": _BLOCK[kind], _BLOCK[kind]: ""}
+        if kind == REASONING:
+            block["signature"] = ""  # see the module docstring
+        start = self._start(block)
+        self._delta = block_delta_template(len(self.content) - 1, _BLOCK[kind])
+        return start
+
+    def delta(self, kind: str, text: str) -> bytes:
+        self.content[-1][_BLOCK[kind]] += text
+        return self._delta[0] + quote(text).encode() + self._delta[1]
+
+    def close(self, kind: str) -> bytes:
+        return self._stop()
+
+    def finish(self) -> bytes:
         """Close the open block; an empty reply still gets one (empty) text block."""
         if not self.content:
-            return [self._start({"type": "text", "text": ""}), self._stop()]
-        return [self._stop()] if self._open else []
+            return self._start({"type": "text", "text": ""}) + self._stop()
+        return self.end_piece()
 
-    def _tool(self, call: ToolCall) -> list[bytes]:
-        if self._single and self.tool_calls:
-            return []
-        self.tool_calls += 1
-        telemetry.current().tool_calls += 1  # the turn ends in a tool call (router.routing.leases)
-        out = [self._stop()] if self._open else []
+    def call(self, call: ToolCall, index: int) -> bytes:
         block = {"type": "tool_use", "id": new_id("toolu_"), "name": call.name, "input": {}}
-        out.append(self._start(block))
+        start = self._start(block)
         block["input"] = call.arguments
         delta = {"type": "input_json_delta", "partial_json": call.arguments_json()}
-        out.append(sse("content_block_delta", {"type": "content_block_delta",
-                                               "index": len(self.content) - 1, "delta": delta}))
-        out.append(self._stop())
-        return out
+        return start + sse("content_block_delta", {"type": "content_block_delta",
+                                                   "index": len(self.content) - 1,
+                                                   "delta": delta}) + self._stop()
 
     def _start(self, block: dict[str, Any]) -> bytes:
         self.content.append(block)
@@ -186,6 +168,5 @@ class Blocks:
                                            "content_block": dict(block)})
 
     def _stop(self) -> bytes:
-        self._open = False
         return sse("content_block_stop", {"type": "content_block_stop",
                                           "index": len(self.content) - 1})

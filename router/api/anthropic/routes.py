@@ -28,8 +28,6 @@ Choices (see docs/api.md):
 
 from __future__ import annotations
 
-import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request
@@ -38,96 +36,103 @@ from fastapi.responses import JSONResponse, Response
 from router.api.anthropic import encode as aa
 from router.api.anthropic.normalize import to_chat
 from router.api.anthropic.schema import CountTokensRequest, MessagesRequest
-from router.api.common import request as hu
-from router.api.common.identity import session_key
-from router.core import Generation, RouterCore
-from router.errors import ApiError
+from router.api.common import request as rq
+from router.api.common.flow import SessionHint, Spec, Turn, prepare, serve
+from router.api.common.reply import Reply
+from router.core import RouterCore
+from router.dispatch.generation import Generation
 from router.output import reasoning_parsers as rp
 from router.output import tool_calls as tc
+from router.prompt.template import ChatPrompt
+from router.routing.target import Target
+from workers.protocol import SamplingParams
 
-log = logging.getLogger(__name__)
 DEFAULT_TEMPERATURE = 1.0
 
 
+class MessagesSpec(Spec[MessagesRequest, None]):
+    """/v1/messages over the shared flow (``router.api.common.flow``)."""
+
+    schema = MessagesRequest
+    id_prefix = "msg"
+    cut_to_fit = True  # max_tokens is an upper bound
+
+    def normalize(self, req: CountTokensRequest, target: Target, kept: None) -> ChatPrompt:
+        return to_chat(req, target.tokenizer.system_in_place)
+
+    def output_limit(self, req: MessagesRequest) -> int | None:
+        return req.max_tokens
+
+    def sampling(self, req: MessagesRequest, max_tokens: int) -> SamplingParams:
+        temperature = DEFAULT_TEMPERATURE if req.temperature is None else req.temperature
+        return rq.sampling(max_tokens, temperature, req.top_p, tuple(req.stop_sequences or ()),
+                           None)
+
+    def session_hint(self, req: MessagesRequest) -> SessionHint:
+        return SessionHint(user_id=req.metadata.user_id if req.metadata else None)
+
+    def has_tools(self, req: MessagesRequest) -> bool:
+        return bool(req.tools)
+
+    def streams(self, req: MessagesRequest) -> bool:
+        return req.stream
+
+    def reply(self, turn: Turn[MessagesRequest, None]) -> Reply:
+        p = turn.p
+        parser = None  # tool_choice none: the tools are rendered, calls come back as text
+        if p.req.tools and not (p.req.tool_choice and p.req.tool_choice.type == "none"):
+            parser = tc.parser_for(p.target.model, p.prompt.tools if p.prompt else None)
+        return MessageReply(turn.gen, p.req, parser, self.reasoner(p), turn.bound)
+
+    def headers(self, turn: Turn[MessagesRequest, None]) -> dict[str, str]:
+        return {"request-id": turn.rid}
+
+
+class CountSpec(MessagesSpec):
+    schema = CountTokensRequest  # type: ignore[assignment]
+
+
+MESSAGES, COUNT = MessagesSpec(), CountSpec()
+
+
 async def messages(core: RouterCore, request: Request) -> Response:
-    key = await hu.admit_caller(core, request)  # 401 / 429 before reading the body
-    req = await hu.parse_body(request, MessagesRequest, hu.body_limits(core))
-    tok = core.tokenizer(req.model)
-    prompt = to_chat(req, tok.system_in_place)
-    ids = await hu.encode_prompt(tok, prompt)
-    budget, bound = hu.output_budget(core, req.model, len(ids), req.max_tokens, cut_to_fit=True)
-    params = hu.sampling(
-        budget, DEFAULT_TEMPERATURE if req.temperature is None else req.temperature,
-        req.top_p, tuple(req.stop_sequences or ()), None,
-    )
-    rid = hu.request_id("msg")
-    session = session_key(request.headers, user_id=req.metadata.user_id if req.metadata else None,
-                          tenant=key.name if key else None)
-    gen = await core.generate(req.model, ids, params, rid, hu.forwarded_headers(request),
-                              session, api_key=key, has_tools=bool(req.tools))
-    headers = {**hu.routing_headers(core, gen), "request-id": rid}
-    reply = _Reply(gen, req, _parser(core, req, prompt.tools), bound)
-    reply.reasoner = rp.for_request(core.primary(req.model), tok, ids)
-    if req.stream:
-        return hu.GenerationStream(reply.stream(), gen, headers)
-    return JSONResponse(await reply.collect(), headers=headers)
+    return await serve(core, request, MESSAGES)
 
 
 async def count_tokens(core: RouterCore, request: Request) -> Response:
-    await hu.admit_caller(core, request)  # rate-limited like any request (one per call)
-    req = await hu.parse_body(request, CountTokensRequest, hu.body_limits(core))
-    tok = core.tokenizer(req.model)
-    ids = await hu.encode_prompt(tok, to_chat(req, tok.system_in_place))
-    return JSONResponse({"input_tokens": len(ids)})
+    """The prompt's length as ``/v1/messages`` would send it (admitted, rate-limited like
+    any request: one per call)."""
+    prepared = await prepare(core, request, COUNT)
+    return JSONResponse({"input_tokens": len(prepared.ids)})
 
 
-def _parser(core: RouterCore, req: MessagesRequest, tools: list[dict[str, Any]] | None
-            ) -> tc.ToolParser | None:
-    if not req.tools or (req.tool_choice and req.tool_choice.type == "none"):
-        return None
-    return tc.parser_for(core.primary(req.model), tools)
-
-
-class _Reply:
+class MessageReply(Reply):
     """One generation turned into an Anthropic message, whole or streamed."""
 
     def __init__(self, gen: Generation, req: MessagesRequest, parser: tc.ToolParser | None,
-                 context_bound: bool) -> None:
-        self.gen, self.req, self.parser, self.bound = gen, req, parser, context_bound
+                 reasoner: rp.ReasoningParser | None, context_bound: bool) -> None:
         single = bool(req.tool_choice and req.tool_choice.disable_parallel_tool_use)
         self.blocks = aa.Blocks(single_tool=single)
         self.mid = aa.new_id("msg_")
-        self.reasoner: rp.ReasoningParser | None = None
+        super().__init__(gen, self.blocks, parser, reasoner, self.mid)
+        self.model, self.bound = req.model, context_bound
 
     def _end(self) -> tuple[str, str | None, dict[str, int]]:
         reason, seq = aa.stop_reason(self.gen.final, self.blocks.tool_calls > 0, self.bound)
         return reason, seq, aa.usage(self.gen.final, self.gen.prompt_tokens)
 
-    async def collect(self) -> dict:
-        try:
-            async for ev in rp.events(self.gen.messages(), self.parser, self.reasoner):
-                self.blocks.add(ev)
-        except Exception as e:  # the replica failed mid-generation: retryable for the client
-            log.warning("generation %s failed: %r", self.mid, e)
-            raise ApiError(503, f"generation failed on replica {self.gen.replica}",
-                           "replica_failed") from None
-        finally:
-            self.gen.close()
+    def start(self) -> bytes:
+        return aa.message_start(self.mid, self.model, self.gen.prompt_tokens) + aa.ping()
+
+    def finish(self) -> bytes:
+        closing = self.blocks.finish()
+        reason, seq, use = self._end()
+        return closing + aa.message_delta(reason, seq, use) + aa.message_stop()
+
+    def failed(self, message: str) -> bytes:
+        return aa.error_event("api_error", message)
+
+    def body(self) -> dict[str, Any]:
         self.blocks.finish()
         reason, seq, use = self._end()
-        return aa.message(self.mid, self.req.model, self.blocks.content, reason, seq, use)
-
-    async def stream(self) -> AsyncIterator[bytes]:
-        try:
-            yield aa.message_start(self.mid, self.req.model, self.gen.prompt_tokens) + aa.ping()
-            async for batch in rp.event_batches(self.gen.messages(), self.parser, self.reasoner):
-                if data := b"".join(chunk for ev in batch for chunk in self.blocks.add(ev)):
-                    yield data  # one write per worker message
-            closing = self.blocks.finish()
-            reason, seq, use = self._end()
-            yield b"".join([*closing, aa.message_delta(reason, seq, use), aa.message_stop()])
-        except Exception as e:  # a replica died mid-stream: an error event ends the stream
-            log.warning("stream %s failed: %r", self.mid, e)
-            yield aa.error_event("api_error", f"generation failed on replica {self.gen.replica}")
-        finally:
-            self.gen.close()  # also on client disconnect: aborts the worker's generation
+        return aa.message(self.mid, self.model, self.blocks.content, reason, seq, use)

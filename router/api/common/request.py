@@ -1,4 +1,7 @@
-"""Request plumbing shared by the OpenAI and Anthropic front ends."""
+"""Request plumbing every front end shares (``router.api.common.flow`` runs it): the
+bounded body, its parse, the prompt's encoding, the output budget, sampling and the
+reply's headers and stream. It reads the core only through its surface (``server``,
+``targets``, ``predicted_header``); the model comes in as a ``Target``."""
 
 from __future__ import annotations
 
@@ -13,12 +16,12 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ValidationError
 from ray import serve
 
-from router.auth.keys import ApiKeyConfig
 from router.core import Generation, RouterCore
 from router.errors import ApiError
 from router.output.reasoning_parsers import fit_history
 from router.prompt.template import ChatPrompt
 from router.prompt.tokenizer import ChatTokenizer, TemplateRenderError
+from router.routing.target import Target
 from workers.protocol import SamplingParams
 
 MAX_BODY_BYTES = 8 << 20  # the default of ServerConfig.max_body_bytes (docs/reliability.md)
@@ -53,22 +56,10 @@ WINDOW_SLACK_BYTES = 1 << 20
 
 
 def body_limits(core: RouterCore) -> BodyLimits:
-    server = core.config.server
-    window = max(m.context_window for m in core.models.values())
+    server = core.server
     return BodyLimits(server.max_body_bytes,
-                      window * server.body_bytes_per_token + WINDOW_SLACK_BYTES,
+                      core.targets.max_window * server.body_bytes_per_token + WINDOW_SLACK_BYTES,
                       server.body_read_timeout_s)
-
-
-async def admit_caller(core: RouterCore, request: Request) -> ApiKeyConfig | None:
-    """Authenticate (401) and charge one request to the key's requests/min (429) before the
-    body is read, so a refused caller costs no parse. Returns the key to hand on to
-    ``RouterCore.generate``, whose own admission then charges tokens only (the request is
-    already counted)."""
-    key = core.auth.authenticate(request.headers)
-    if key is not None and key.requests_per_min:
-        await core.limiter.admit(key, None)
-    return key
 
 
 async def read_body(request: Request, limits: BodyLimits | None = None) -> bytes:
@@ -177,14 +168,13 @@ async def encode_prompt(tok: ChatTokenizer, prompt: ChatPrompt) -> list[int]:
         raise ApiError(400, str(e), "invalid_messages", "messages") from None
 
 
-def output_budget(core: RouterCore, model: str, prompt_len: int, limit: int | None,
+def output_budget(target: Target, prompt_len: int, limit: int | None,
                   cut_to_fit: bool = False) -> tuple[int, bool]:
     """(the max_tokens to use, whether ``limit`` was cut to fit the context): the one
     context-window check of every API. A group's largest window counts; no ``limit``: the
     models' default, capped by the room left. Over the window: a 413, unless ``cut_to_fit``
     (Anthropic's max_tokens is an upper bound) and the prompt alone fits."""
-    members = [core.models[m] for m in core.resolve(model)]
-    window = max(m.context_window for m in members)
+    window = target.window
     room = window - prompt_len
     if cut_to_fit and room > 0 and limit is not None:
         return min(limit, room), limit > room
@@ -193,9 +183,9 @@ def output_budget(core: RouterCore, model: str, prompt_len: int, limit: int | No
                        "context_length_exceeded", "messages")
     if room <= 0 or (limit is not None and limit > room):
         raise ApiError(413, f"prompt ({prompt_len} tokens) plus max_tokens ({limit}) exceed "
-                       f"the context window of {model} ({window})",
+                       f"the context window of {target.name} ({window})",
                        "context_length_exceeded", "messages")
-    return (limit or min(min(m.default_max_tokens for m in members), room)), False
+    return (limit or min(target.default_max_tokens, room)), False
 
 
 def sampling(max_tokens: int, temperature: float | None, top_p: float | None,

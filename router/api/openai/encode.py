@@ -10,14 +10,16 @@ Reasoning (``router.output.reasoning_parsers``) is ``message.reasoning_content``
 
 from __future__ import annotations
 
-import json
 import time
-import uuid
 from typing import Any
 
-from router.api.common.wire import quote
+from router.api.common.output import TEXT, Output
+from router.api.common.wire import hex_id, quote, sse, template
 from router.output.tool_calls import ToolCall
 from workers.protocol import Final, Usage
+
+__all__ = ["DONE", "ChatOutput", "ChunkEncoder", "chat_completion", "finish_reason", "quote",
+           "sse", "stream_error", "text_completion", "tool_call", "usage_block"]
 
 
 def usage_block(final: Final | None) -> dict[str, Any]:
@@ -39,7 +41,7 @@ def finish_reason(final: Final | None, tool_calls: bool = False) -> str:
 def tool_call(call: ToolCall, index: int | None = None) -> dict[str, Any]:
     """One OpenAI tool call; with ``index`` for a streamed delta."""
     out: dict[str, Any] = {} if index is None else {"index": index}
-    out.update({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+    out.update({"id": hex_id("call_", 24), "type": "function",
                 "function": {"name": call.name, "arguments": call.arguments_json()}})
     return out
 
@@ -115,8 +117,7 @@ class ChunkEncoder:
         mark = "\x00"  # the text's place in a sample chunk (ids and names hold no NUL)
         sample = (chat_chunk(rid, model, {"content": mark}, None, self.created) if chat
                   else text_chunk(rid, model, mark, None, self.created))
-        parts = sse(sample).split(json.dumps(mark).encode())
-        self._parts = (parts[0], parts[1]) if len(parts) == 2 else None
+        self._parts = template(sse(sample), mark)
         self._head, self._tail = self._parts or (b"", b"")
 
     def text(self, text: str) -> bytes:
@@ -137,12 +138,34 @@ class ChunkEncoder:
         return sse(usage_chunk(self.rid, self.model, obj, final, self.created))
 
 
-def sse(data: dict[str, Any] | str) -> bytes:
-    body = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
-    return f"data: {body}\n\n".encode()
-
-
 def stream_error(message: str) -> dict[str, Any]:
     return {
         "error": {"message": message, "type": "api_error", "param": None, "code": "stream_failed"}
     }
+
+
+DONE = sse("[DONE]")
+
+
+class ChatOutput(Output):
+    """Chat (and completions) output: the text, reasoning and calls kept for the whole
+    reply and, given an encoder, each event's chunk (``ChunkEncoder``; None: a reply that is
+    not streamed sends nothing per event)."""
+
+    def __init__(self, enc: ChunkEncoder | None, single_call: bool = False) -> None:
+        super().__init__(single_call)
+        self.enc = enc
+        self.text: list[str] = []
+        self.reasoning: list[str] = []
+
+    def delta(self, kind: str, text: str) -> bytes:
+        if kind == TEXT:  # the bulk of a stream
+            self.text.append(text)
+            return self.enc.text(text) if self.enc is not None else b""
+        self.reasoning.append(text)  # as vLLM and DeepSeek stream it
+        return self.enc.delta({"reasoning_content": text}) if self.enc is not None else b""
+
+    def call(self, call: ToolCall, index: int) -> bytes:
+        if self.enc is None:
+            return b""
+        return self.enc.delta({"tool_calls": [tool_call(call, index)]})

@@ -16,164 +16,140 @@ that disconnects aborts the generation.
 
 from __future__ import annotations
 
-import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
-from router import telemetry
-from router.api.common import request as hu
-from router.api.common.identity import session_key
+from router.api.common import request as rq
+from router.api.common.flow import Prepared, SessionHint, Spec, Turn, serve
+from router.api.common.reply import Reply
 from router.api.openai import encode as oa
 from router.api.openai.schema import ChatCompletionRequest, CompletionRequest, SamplingFields
-from router.auth.keys import ApiKeyConfig
-from router.core import Generation, RouterCore
+from router.core import RouterCore
+from router.dispatch.generation import Generation
 from router.errors import ApiError
 from router.output import reasoning_parsers as rp
 from router.output import tool_calls as tc
 from router.prompt.template import ChatPrompt, place_system
-
-log = logging.getLogger(__name__)
+from router.routing.target import Target
+from workers.protocol import SamplingParams
 
 
 def list_models(core: RouterCore) -> dict[str, Any]:
     """Models and groups. ``max_model_len`` (vLLM's and SGLang's field, which agent clients
     read to size their context) is the context window; a group's is its smallest member's,
     since any member may serve it."""
-    windows = {name: m.context_window for name, m in core.models.items()}
-    windows |= {g.name: min(windows[m.model] for m in g.models) for g in core.config.groups}
     data = [{"id": name, "object": "model", "owned_by": "kvroute", "created": 0,
-             "max_model_len": window} for name, window in windows.items()]
+             "max_model_len": window} for name, window in core.targets.windows().items()]
     return {"object": "list", "data": data}
 
 
+class _Sampled(Spec[Any, None]):
+    """What chat and completions share: OpenAI's sampling fields and session hint."""
+
+    def output_limit(self, req: SamplingFields) -> int | None:
+        return req.output_limit()
+
+    def sampling(self, req: SamplingFields, max_tokens: int) -> SamplingParams:
+        return rq.sampling(max_tokens, req.temperature, req.top_p, req.stop_list(), req.seed)
+
+    def session_hint(self, req: SamplingFields) -> SessionHint:
+        return SessionHint(prompt_cache_key=req.prompt_cache_key)
+
+    def streams(self, req: SamplingFields) -> bool:
+        return req.stream
+
+    def reply(self, turn: Turn[Any, None]) -> Reply:
+        req, chat = turn.p.req, turn.p.prompt is not None
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        enc = oa.ChunkEncoder(turn.rid, req.model, chat) if req.stream else None
+        out = oa.ChatOutput(enc, single_call=getattr(req, "parallel_tool_calls", None) is False)
+        return ChatReply(turn.gen, out, self.tool_parser(turn.p), self.reasoner(turn.p),
+                         turn.rid, req.model, chat, include_usage)
+
+    def tool_parser(self, p: Prepared[Any, None]) -> tc.ToolParser | None:
+        return None
+
+
+class ChatSpec(_Sampled):
+    """/v1/chat/completions: tools parsed unless ``tool_choice`` is ``"none"``."""
+
+    schema = ChatCompletionRequest
+    id_prefix = "chatcmpl"
+
+    def normalize(self, req: ChatCompletionRequest, target: Target, kept: None) -> ChatPrompt:
+        messages = place_system(req.template_messages(), target.tokenizer.system_in_place)
+        return ChatPrompt(messages, req.template_tools(), options=req.template_options())
+
+    def has_tools(self, req: ChatCompletionRequest) -> bool:
+        return bool(req.tools)
+
+    def tool_parser(self, p: Prepared[ChatCompletionRequest, None]) -> tc.ToolParser | None:
+        if not p.req.parses_tools() or p.prompt is None:
+            return None
+        return tc.parser_for(p.target.model, p.prompt.tools)
+
+
+class CompletionSpec(_Sampled):
+    """/v1/completions: a string prompt (tokenized as it is) or token ids; no template."""
+
+    schema = CompletionRequest
+    id_prefix = "cmpl"
+
+    async def encode(self, req: CompletionRequest, target: Target, kept: None
+                     ) -> tuple[ChatPrompt | None, list[int]]:
+        tok = target.tokenizer
+        if isinstance(req.prompt, str):
+            ids = await tok.aencode(req.prompt)
+        else:
+            ids = list(req.prompt)
+            rq.output_budget(target, len(ids), req.output_limit())  # 413 before the scan
+            if any(t < 0 or t >= tok.vocab_size for t in ids):
+                raise ApiError(400, f"prompt token ids must lie in [0, {tok.vocab_size})",
+                               "invalid_token_ids", "prompt")
+        if not ids:
+            raise ApiError(400, "prompt is empty", "empty_prompt", "prompt")
+        return None, ids
+
+
+CHAT, COMPLETION = ChatSpec(), CompletionSpec()
+
+
 async def chat_completions(core: RouterCore, request: Request) -> Response:
-    key = await hu.admit_caller(core, request)  # 401 / 429 before reading the body
-    req = await hu.parse_body(request, ChatCompletionRequest, hu.body_limits(core))
-    tok = core.tokenizer(req.model)
-    messages = place_system(req.template_messages(), tok.system_in_place)
-    ids = await hu.encode_prompt(tok, ChatPrompt(messages, req.template_tools(),
-                                                 options=req.template_options()))
-    parser = None
-    if req.parses_tools():
-        parser = tc.parser_for(core.primary(req.model), req.template_tools())
-    out = _Output(parser, single_call=req.parallel_tool_calls is False)
-    out.reasoner = rp.for_request(core.primary(req.model), tok, ids)
-    return await _serve(core, request, req, ids, out, key)
+    return await serve(core, request, CHAT)
 
 
 async def completions(core: RouterCore, request: Request) -> Response:
-    key = await hu.admit_caller(core, request)  # 401 / 429 before reading the body
-    req = await hu.parse_body(request, CompletionRequest, hu.body_limits(core))
-    tok = core.tokenizer(req.model)
-    if isinstance(req.prompt, str):
-        ids = await tok.aencode(req.prompt)
-    else:
-        ids = list(req.prompt)
-        hu.output_budget(core, req.model, len(ids), req.output_limit())  # 413 before the scan
-        if any(t < 0 or t >= tok.vocab_size for t in ids):
-            raise ApiError(400, f"prompt token ids must lie in [0, {tok.vocab_size})",
-                           "invalid_token_ids", "prompt")
-    if not ids:
-        raise ApiError(400, "prompt is empty", "empty_prompt", "prompt")
-    return await _serve(core, request, req, ids, None, key)
+    return await serve(core, request, COMPLETION)
 
 
-class _Output:
-    """Chat output: reasoning, text and parsed tool calls (``parser`` None: no tool calls;
-    ``reasoner`` None: no reasoning)."""
+class ChatReply(Reply):
+    """A chat completion (or a text completion, ``chat`` False), whole or as chunks."""
 
-    def __init__(self, parser: tc.ToolParser | None, single_call: bool) -> None:
-        self.parser, self.single = parser, single_call
-        self.reasoner: rp.ReasoningParser | None = None
-        self.text: list[str] = []
-        self.reasoning: list[str] = []
-        self.calls: list[tc.ToolCall] = []
+    def __init__(self, gen: Generation, out: oa.ChatOutput, parser: tc.ToolParser | None,
+                 reasoner: rp.ReasoningParser | None, rid: str, model: str, chat: bool,
+                 include_usage: bool) -> None:
+        super().__init__(gen, out, parser, reasoner, rid)
+        self.out, self.model, self.chat, self.include_usage = out, model, chat, include_usage
 
-    def add(self, ev: rp.Event) -> dict[str, Any] | None:
-        """Record one event; the chat delta to stream for reasoning or a tool call (None:
-        text, or nothing to send)."""
-        if isinstance(ev, rp.Reasoning):
-            self.reasoning.append(ev.text)
-            return {"reasoning_content": ev.text}
-        if isinstance(ev, str):  # streamed by ChunkEncoder.text
-            self.text.append(ev)
-            return None
-        if self.single and self.calls:
-            return None
-        self.calls.append(ev)
-        telemetry.current().tool_calls += 1  # the turn ends in a tool call (router.routing.leases)
-        return {"tool_calls": [oa.tool_call(ev, len(self.calls) - 1)]}
+    def start(self) -> bytes:
+        assert self.out.enc is not None
+        return self.out.enc.delta({"role": "assistant", "content": ""}) if self.chat else b""
 
+    def finish(self) -> bytes:
+        enc, final = self.out.enc, self.gen.final
+        assert enc is not None
+        reason = oa.finish_reason(final, bool(self.out.calls))
+        end = enc.delta({} if self.chat else {"text": ""}, reason)
+        return end + enc.usage(final) + oa.DONE if self.include_usage else end + oa.DONE
 
-async def _serve(core: RouterCore, request: Request, req: SamplingFields, ids: list[int],
-                 out: _Output | None, key: ApiKeyConfig | None) -> Response:
-    """Generate and reply; ``out`` None for /v1/completions (plain text)."""
-    chat = out is not None
-    rid = hu.request_id("chatcmpl" if chat else "cmpl")
-    budget, _ = hu.output_budget(core, req.model, len(ids), req.output_limit())
-    params = hu.sampling(budget, req.temperature, req.top_p, req.stop_list(), req.seed)
-    session = session_key(request.headers, prompt_cache_key=req.prompt_cache_key,
-                          tenant=key.name if key else None)
-    gen = await core.generate(
-        req.model, ids, params, rid, hu.forwarded_headers(request), session, api_key=key,
-        has_tools=bool(getattr(req, "tools", None)),
-    )
-    headers = hu.routing_headers(core, gen)
-    if req.stream:
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return hu.GenerationStream(_stream(gen, rid, req.model, out, include_usage), gen, headers)
-    result = out or _Output(None, False)
-    try:
-        async for ev in rp.events(gen.messages(), result.parser, result.reasoner):
-            result.add(ev)
-    except Exception as e:  # the replica failed mid-generation: retryable for the client
-        log.warning("generation %s failed: %r", rid, e)
-        raise ApiError(503, f"generation failed on replica {gen.replica}",
-                       "replica_failed") from None
-    finally:
-        gen.close()  # also when the client went away: aborts the worker's generation
-    text = "".join(result.text)
-    if chat:
-        return JSONResponse(oa.chat_completion(rid, req.model, text, gen.final, result.calls,
-                                               "".join(result.reasoning)), headers=headers)
-    return JSONResponse(oa.text_completion(rid, req.model, text, gen.final), headers=headers)
+    def failed(self, message: str) -> bytes:
+        return oa.sse(oa.stream_error(message)) + oa.DONE
 
-
-async def _stream(
-    gen: Generation, rid: str, model: str, out: _Output | None, include_usage: bool
-) -> AsyncIterator[bytes]:
-    """One write per worker message: its events' chunks joined (``ChunkEncoder``)."""
-    enc = oa.ChunkEncoder(rid, model, chat=out is not None)
-    try:
-        if out is not None:
-            yield enc.delta({"role": "assistant", "content": ""})
-        async for batch in rp.event_batches(gen.messages(), out.parser if out else None,
-                                            out.reasoner if out else None):
-            # one write per worker message; mostly one event (a token's text): no join
-            data = (_encode(enc, out, batch[0]) if len(batch) == 1
-                    else b"".join([_encode(enc, out, ev) for ev in batch]))
-            if data:
-                yield data
-        reason = oa.finish_reason(gen.final, bool(out and out.calls))
-        end = enc.delta({} if out is not None else {"text": ""}, reason)
-        yield end + enc.usage(gen.final) + DONE if include_usage else end + DONE
-        return
-    except Exception as e:  # a replica died mid-stream: end cleanly with an error chunk
-        log.warning("stream %s failed: %r", rid, e)
-        yield oa.sse(oa.stream_error(f"generation failed on replica {gen.replica}")) + DONE
-    finally:
-        gen.close()  # also on client disconnect: aborts the worker's generation
-
-
-DONE = oa.sse("[DONE]")
-
-
-def _encode(enc: oa.ChunkEncoder, out: _Output | None, ev: rp.Event) -> bytes:
-    """One event's chunk (b"" when it sends nothing: a second call with parallel calls off)."""
-    delta = out.add(ev) if out is not None else None
-    if isinstance(ev, str):
-        return enc.text(ev)
-    return enc.delta(delta) if delta is not None else b""
+    def body(self) -> dict[str, Any]:
+        text, final = "".join(self.out.text), self.gen.final
+        if self.chat:
+            return oa.chat_completion(self.label, self.model, text, final, self.out.calls,
+                                      "".join(self.out.reasoning))
+        return oa.text_completion(self.label, self.model, text, final)

@@ -25,23 +25,23 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from typing import Any
 
-from router import telemetry
-from router.api.common.wire import quote
+from router.api.common.output import REASONING, TEXT
+from router.api.common.output import Output as Accumulator
+from router.api.common.wire import hex_id, quote, sse_event, template
 from router.api.responses.schema import ResponsesRequest
 from router.api.responses.tools import CUSTOM_INPUT, TOOL_SEARCH, ToolCatalog, template_name
-from router.output.reasoning_parsers import Event, Reasoning
 from router.output.reasoning_parsers.controls import with_past_reasoning
 from router.output.tool_calls import ToolCall
 from workers.protocol import Final, Usage
 
 _DELTA = {"message": "output_text", "reasoning": "reasoning_text"}  # event name per item
+_ITEM = {TEXT: "message", REASONING: "reasoning"}  # the item type of each kind of piece
 
 
 def new_id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex}"
+    return hex_id(f"{prefix}_")
 
 
 def usage(final: Final | None, prompt_tokens: int) -> dict[str, Any]:
@@ -60,7 +60,7 @@ def status(final: Final | None) -> str:
 
 
 def sse(data: dict[str, Any]) -> bytes:
-    return f"event: {data['type']}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+    return sse_event(data["type"], data)
 
 
 def text_delta(kind: str, seq: int | str, item_id: str, index: int, text: str) -> bytes:
@@ -75,12 +75,13 @@ def delta_template(kind: str, item_id: str, index: int) -> tuple[bytes, bytes, b
     """``text_delta`` around its sequence number and the JSON of its text, built once per
     item: ``head + str(seq) + mid + json.dumps(text) + tail`` are its bytes."""
     seq, text = "\x00", "\x01"  # json.dumps escapes both; ids and the rest hold neither
-    head, rest = text_delta(kind, seq, item_id, index, text).split(json.dumps(seq).encode())
-    mid, tail = rest.split(json.dumps(text).encode())
+    parts = template(text_delta(kind, seq, item_id, index, text), seq, text)
+    assert parts is not None
+    head, mid, tail = parts
     return head, mid, tail
 
 
-class Output:
+class Output(Accumulator):
     """Output items built from parser events; ``add`` also returns their SSE events.
 
     ``catalog`` says what each called name stands for (a function, a freeform tool, a
@@ -90,41 +91,35 @@ class Output:
 
     def __init__(self, req: ResponsesRequest, rid: str, catalog: ToolCatalog,
                  single_call: bool) -> None:
-        self.req, self.id, self.catalog, self.single = req, rid, catalog, single_call
+        super().__init__(single_call)
+        self.req, self.id, self.catalog = req, rid, catalog
         self.items: list[dict[str, Any]] = []
-        self.calls = 0
         self.created = int(time.time())
         self._seq = 0
-        self._open: str | None = None  # the item type being streamed: message, reasoning
-        self._delta = (b"", b"", b"")  # its delta event's template (delta_template)
+        self._delta = (b"", b"", b"")  # the open item's delta event's template (delta_template)
 
     def event(self, kind: str, **fields: Any) -> bytes:
         data = {"type": kind, "sequence_number": self._seq, **fields}
         self._seq += 1
         return sse(data)
 
-    def start(self) -> list[bytes]:
+    def start(self) -> bytes:
         snapshot = self.response("in_progress", None)
-        return [self.event("response.created", response=snapshot),
-                self.event("response.in_progress", response=snapshot)]
+        return (self.event("response.created", response=snapshot)
+                + self.event("response.in_progress", response=snapshot))
 
-    def add(self, ev: Event) -> list[bytes]:
-        if isinstance(ev, ToolCall):
-            return self._call(ev)
-        kind, text = ("reasoning", ev.text) if isinstance(ev, Reasoning) else ("message", ev)
-        out = [] if self._open == kind else [*self._close_text(), *self._open_item(kind)]
+    def delta(self, kind: str, text: str) -> bytes:
         self.items[-1]["content"][0]["text"] += text
         head, mid, tail = self._delta
-        out.append(head + str(self._seq).encode() + mid + quote(text).encode() + tail)
-        self._seq += 1
-        return out
+        seq, self._seq = self._seq, self._seq + 1
+        return head + str(seq).encode() + mid + quote(text).encode() + tail
 
-    def finish(self, final: Final | None, prompt_tokens: int) -> list[bytes]:
-        """Close the open message; the closing event with the whole response."""
-        out = self._close_text()
+    def finish(self, final: Final | None, prompt_tokens: int) -> bytes:
+        """Close the open item; the closing event with the whole response."""
+        out = self.end_piece()
         done = status(final)
-        return [*out, self.event(f"response.{done}", response=self.response(
-            done, usage(final, prompt_tokens)))]
+        return out + self.event(f"response.{done}", response=self.response(
+            done, usage(final, prompt_tokens)))
 
     def failed(self, message: str) -> bytes:
         body = self.response("failed", None)
@@ -156,7 +151,9 @@ class Output:
         return "".join(c["text"] for i in self.items if i["type"] == "message"
                        for c in i["content"])
 
-    def _open_item(self, kind: str) -> list[bytes]:
+    def begin(self, piece: str) -> bytes:
+        """Open a message or reasoning item."""
+        kind = _ITEM[piece]
         item: dict[str, Any]
         if kind == "reasoning":
             item = {"id": new_id("rs"), "type": "reasoning", "summary": [],
@@ -167,48 +164,39 @@ class Output:
                     "status": "in_progress", "content": []}
             part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
         self.items.append(item)
-        self._open = kind
         index = len(self.items) - 1
         self._delta = delta_template(kind, item["id"], index)
-        out = [self.event("response.output_item.added", output_index=index, item=dict(item))]
+        out = self.event("response.output_item.added", output_index=index, item=dict(item))
         item["content"].append(part)
-        out.append(self.event("response.content_part.added", item_id=item["id"],
-                              output_index=index, content_index=0, part=dict(part)))
-        return out
+        return out + self.event("response.content_part.added", item_id=item["id"],
+                                output_index=index, content_index=0, part=dict(part))
 
-    def _close_text(self) -> list[bytes]:
-        """Close the message or reasoning item being streamed, if any."""
-        if self._open is None:
-            return []
-        kind, self._open = self._open, None
+    def close(self, piece: str) -> bytes:
+        """Close the message or reasoning item being streamed."""
+        kind = _ITEM[piece]
         item, index = self.items[-1], len(self.items) - 1
         item["status"] = "completed"
         part = item["content"][0]
         extra = {} if kind == "reasoning" else {"logprobs": []}
-        return [
+        return (
             self.event(f"response.{_DELTA[kind]}.done", item_id=item["id"], output_index=index,
-                       content_index=0, text=part["text"], **extra),
-            self.event("response.content_part.done", item_id=item["id"], output_index=index,
-                       content_index=0, part=dict(part)),
-            self.event("response.output_item.done", output_index=index, item=item),
-        ]
+                       content_index=0, text=part["text"], **extra)
+            + self.event("response.content_part.done", item_id=item["id"], output_index=index,
+                         content_index=0, part=dict(part))
+            + self.event("response.output_item.done", output_index=index, item=item))
 
-    def _call(self, call: ToolCall) -> list[bytes]:
-        if self.single and self.calls:
-            return []
-        self.calls += 1
-        telemetry.current().tool_calls += 1  # the turn ends in a tool call (router.routing.leases)
-        out = self._close_text()
-        index, call_id = len(self.items), f"call_{uuid.uuid4().hex[:24]}"
+    def call(self, call: ToolCall, n: int) -> bytes:
+        """A function call, custom tool call or tool search, in the shape it was offered."""
+        index, call_id = len(self.items), hex_id("call_", 24)
         ref = self.catalog.ref(call.name)
         item: dict[str, Any] = {"id": "", "type": "", "status": "completed", "call_id": call_id}
         if ref.kind == "tool_search":
             item.update(id=new_id("tsc"), type="tool_search_call", execution="client",
                         arguments=call.arguments)
             self.items.append(item)
-            return [*out, self.event("response.output_item.added", output_index=index,
-                                     item={**item, "status": "in_progress"}),
-                    self.event("response.output_item.done", output_index=index, item=item)]
+            return (self.event("response.output_item.added", output_index=index,
+                               item={**item, "status": "in_progress"})
+                    + self.event("response.output_item.done", output_index=index, item=item))
         if ref.namespace:
             item["namespace"] = ref.namespace
         if ref.kind == "custom":
@@ -222,13 +210,13 @@ class Output:
             kind, empty, done = "function_call_arguments", {"arguments": ""}, {"arguments": text}
             done["name"] = ref.name
         self.items.append(item)
-        return [*out, self.event("response.output_item.added", output_index=index,
-                                 item={**item, "status": "in_progress", **empty}),
-                self.event(f"response.{kind}.delta", item_id=item["id"], output_index=index,
-                           delta=text),
-                self.event(f"response.{kind}.done", item_id=item["id"], output_index=index,
-                           **done),
-                self.event("response.output_item.done", output_index=index, item=item)]
+        return (self.event("response.output_item.added", output_index=index,
+                           item={**item, "status": "in_progress", **empty})
+                + self.event(f"response.{kind}.delta", item_id=item["id"], output_index=index,
+                             delta=text)
+                + self.event(f"response.{kind}.done", item_id=item["id"], output_index=index,
+                             **done)
+                + self.event("response.output_item.done", output_index=index, item=item))
 
     def conversation_tail(self) -> dict[str, Any] | None:
         """This response as the assistant message of the stored conversation."""

@@ -19,50 +19,85 @@ closes the generation, which aborts it on the worker.
 
 from __future__ import annotations
 
-import logging
-from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
-from router.api.common import request as hu
-from router.api.common.identity import session_key
+from router.api.common import request as rq
+from router.api.common.flow import SessionHint, Spec, Turn, serve
+from router.api.common.reply import Reply
 from router.api.responses.encode import Output, new_id, status, usage
 from router.api.responses.normalize import Conversation, to_chat
 from router.api.responses.schema import ResponsesRequest
 from router.api.responses.store import ResponseStore, StoredResponse
-from router.core import Generation, RouterCore
+from router.api.responses.tools import ToolCatalog
+from router.core import RouterCore
+from router.dispatch.generation import Generation
 from router.errors import ApiError
 from router.output import reasoning_parsers as rp
 from router.output import tool_calls as tc
+from router.prompt.template import ChatPrompt
+from router.routing.target import Target
+from workers.protocol import SamplingParams
 
-log = logging.getLogger(__name__)
+
+@dataclass(slots=True)
+class Kept:
+    """What one request carries from the store to its reply: the stored conversation it
+    continues, then (normalised) the conversation to store and the tools as offered."""
+
+    history: Conversation
+    conversation: Conversation = field(default_factory=Conversation)
+    catalog: ToolCatalog = field(default_factory=ToolCatalog)
+
+
+class ResponsesSpec(Spec[ResponsesRequest, Kept]):
+    """/v1/responses over the shared flow, with the store as its recall and its keep."""
+
+    schema = ResponsesRequest
+    id_prefix = "resp"
+
+    def __init__(self, store: ResponseStore) -> None:
+        self.store = store
+
+    async def recall(self, req: ResponsesRequest) -> Kept:
+        return Kept(await _history(self.store, req))
+
+    def normalize(self, req: ResponsesRequest, target: Target, kept: Kept) -> ChatPrompt:
+        prompt, kept.conversation, kept.catalog = to_chat(req, kept.history,
+                                                          target.tokenizer.system_in_place)
+        return prompt
+
+    def output_limit(self, req: ResponsesRequest) -> int | None:
+        return req.max_output_tokens
+
+    def sampling(self, req: ResponsesRequest, max_tokens: int) -> SamplingParams:
+        return rq.sampling(max_tokens, req.temperature, req.top_p, (), None)
+
+    def session_hint(self, req: ResponsesRequest) -> SessionHint:
+        return SessionHint(prompt_cache_key=req.prompt_cache_key)
+
+    def has_tools(self, req: ResponsesRequest) -> bool:
+        return bool(req.tools)
+
+    def streams(self, req: ResponsesRequest) -> bool:
+        return req.stream
+
+    def reply(self, turn: Turn[ResponsesRequest, Kept]) -> Reply:
+        p, kept = turn.p, turn.p.kept
+        parser = None
+        if kept.catalog.refs and p.req.tool_choice != "none":
+            parser = tc.parser_for(p.target.model, p.prompt.tools if p.prompt else None)
+        out = Output(p.req, new_id("resp"), kept.catalog,
+                     single_call=p.req.parallel_tool_calls is False)
+        return ResponseReply(turn.gen, out, parser, self.reasoner(p),
+                             self.store if p.req.store else None, kept.conversation)
 
 
 async def create(core: RouterCore, store: ResponseStore, request: Request) -> Response:
-    key = await hu.admit_caller(core, request)  # 401 / 429 before reading the body
-    req = await hu.parse_body(request, ResponsesRequest, hu.body_limits(core))
-    history = await _history(store, req)
-    tok = core.tokenizer(req.model)
-    prompt, conversation, catalog = to_chat(req, history, tok.system_in_place)
-    ids = await hu.encode_prompt(tok, prompt)
-    budget, _ = hu.output_budget(core, req.model, len(ids), req.max_output_tokens)
-    params = hu.sampling(budget, req.temperature, req.top_p, (), None)
-    session = session_key(request.headers, prompt_cache_key=req.prompt_cache_key,
-                          tenant=key.name if key else None)
-    gen = await core.generate(req.model, ids, params, hu.request_id("resp"),
-                              hu.forwarded_headers(request), session, api_key=key,
-                              has_tools=bool(req.tools))
-    parser = None
-    if catalog.refs and req.tool_choice != "none":
-        parser = tc.parser_for(core.primary(req.model), prompt.tools)
-    out = Output(req, new_id("resp"), catalog, single_call=req.parallel_tool_calls is False)
-    reply = _Reply(gen, out, parser, store if req.store else None, conversation)
-    reply.reasoner = rp.for_request(core.primary(req.model), tok, ids)
-    headers = hu.routing_headers(core, gen)
-    if req.stream:
-        return hu.GenerationStream(reply.stream(), gen, headers)
-    return JSONResponse(await reply.collect(), headers=headers)
+    return await serve(core, request, ResponsesSpec(store))
 
 
 async def _history(store: ResponseStore, req: ResponsesRequest) -> Conversation:
@@ -76,46 +111,30 @@ async def _history(store: ResponseStore, req: ResponsesRequest) -> Conversation:
     return Conversation(stored.messages, stored.listed_tools, stored.loaded_tools)
 
 
-class _Reply:
+class ResponseReply(Reply):
     """One generation turned into a response, whole or streamed, then stored."""
 
     def __init__(self, gen: Generation, out: Output, parser: tc.ToolParser | None,
-                 store: ResponseStore | None, conversation: Conversation) -> None:
-        self.gen, self.out, self.parser = gen, out, parser
-        self.store, self.conversation = store, conversation
-        self.reasoner: rp.ReasoningParser | None = None
+                 reasoner: rp.ReasoningParser | None, store: ResponseStore | None,
+                 conversation: Conversation) -> None:
+        super().__init__(gen, out, parser, reasoner, out.id)
+        self.out, self.store, self.conversation = out, store, conversation
 
-    async def collect(self) -> dict:
-        try:
-            async for ev in rp.events(self.gen.messages(), self.parser, self.reasoner):
-                self.out.add(ev)
-        except Exception as e:  # the replica failed mid-generation: retryable for the client
-            log.warning("response %s failed: %r", self.out.id, e)
-            raise ApiError(503, f"generation failed on replica {self.gen.replica}",
-                           "replica_failed") from None
-        finally:
-            self.gen.close()  # also when the client went away: aborts the worker's generation
-        await self._keep()
+    def start(self) -> bytes:
+        return self.out.start()
+
+    def finish(self) -> bytes:
+        return self.out.finish(self.gen.final, self.gen.prompt_tokens)
+
+    def failed(self, message: str) -> bytes:
+        return self.out.failed(message)
+
+    def body(self) -> dict[str, Any]:
         final = self.gen.final
         return self.out.response(status(final), usage(final, self.gen.prompt_tokens))
 
-    async def stream(self) -> AsyncIterator[bytes]:
-        try:
-            yield b"".join(self.out.start())
-            async for batch in rp.event_batches(self.gen.messages(), self.parser, self.reasoner):
-                if data := b"".join(event for ev in batch for event in self.out.add(ev)):
-                    yield data  # one write per worker message
-            closing = self.out.finish(self.gen.final, self.gen.prompt_tokens)
-        except Exception as e:  # a replica died mid-stream: response.failed ends the stream
-            log.warning("stream %s failed: %r", self.out.id, e)
-            yield self.out.failed(f"generation failed on replica {self.gen.replica}")
-            return
-        finally:
-            self.gen.close()  # also on client disconnect: aborts the worker's generation
-        await self._keep()  # before the closing event: a client may continue at once
-        yield b"".join(closing)
-
-    async def _keep(self) -> None:
+    async def done(self) -> None:
+        """Keep the conversation for ``previous_response_id`` (``store``, OpenAI's default)."""
         if self.store is None:
             return
         conv, tail = self.conversation, self.out.conversation_tail()

@@ -15,30 +15,26 @@ recognised gets no parser: its text passes through as the answer (logged once).
 Per request, ``for_request`` builds a fresh parser and tells it whether the prompt
 already opened the reasoning (the rendered prompt ends with the opener). The
 reasoning parser runs first; the tool-call parser reads the answer text it emits
-(``events``).
+(``router.output.events``).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from deploy.config.model import MODEL_CHECKS, ModelConfig
 from router.output.reasoning_parsers import harmony
-from router.output.reasoning_parsers.base import Piece, Reasoning, ReasoningParser
+from router.output.reasoning_parsers.base import Reasoning, ReasoningParser
 from router.output.reasoning_parsers.harmony import HarmonyParser
 from router.output.reasoning_parsers.think import ThinkParser
-from router.output.tool_parsers import ToolCall, ToolParser
 from router.prompt.tokenizer import ChatTokenizer
-from workers.protocol import Chunk, WorkerMessage
 
-__all__ = ["Event", "Reasoning", "ReasoningParser", "SPECS", "event_batches", "events",
-           "fit_history", "for_request", "resolve"]
+__all__ = ["Reasoning", "ReasoningParser", "SPECS", "fit_history", "for_request", "resolve"]
 log = logging.getLogger(__name__)
-Event = Reasoning | str | ToolCall
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,45 +128,3 @@ def for_request(model: ModelConfig, tok: ChatTokenizer, prompt_ids: list[int]
         return None
     inside = bool(spec.opener) and tok.decode(prompt_ids[-16:]).rstrip().endswith(spec.opener)
     return spec.make(inside)
-
-
-async def event_batches(messages: AsyncIterator[WorkerMessage], tools: ToolParser | None,
-                        reasoning: ReasoningParser | None) -> AsyncIterator[list[Event]]:
-    """Worker messages → reasoning, answer text and tool calls: the reasoning parser
-    first, the tool-call parser on the answer it leaves. One list per worker message that
-    gave any events, the parsers' flush last: the one place a stream's text becomes
-    events, and a list is what a stream sends in one write."""
-
-    def answer(pieces: list[Piece]) -> list[Event]:
-        out: list[Event] = []
-        for p in pieces:
-            if isinstance(p, Reasoning):
-                out.append(p)
-            elif tools is not None:
-                out.extend(tools.feed(p))
-            else:
-                out.append(p)
-        return out
-
-    async for msg in messages:
-        if isinstance(msg, Chunk) and (text := msg.text):
-            if reasoning is not None:
-                if batch := answer(reasoning.feed(text)):
-                    yield batch
-            elif tools is None:
-                yield [text]
-            elif batch := tools.feed(text):  # ``answer([text])`` without its list and loop
-                yield batch
-    tail = answer(reasoning.flush() if reasoning else [])
-    if tools is not None:
-        tail.extend(tools.flush())
-    if tail:
-        yield tail
-
-
-async def events(messages: AsyncIterator[WorkerMessage], tools: ToolParser | None,
-                 reasoning: ReasoningParser | None) -> AsyncIterator[Event]:
-    """``event_batches``, one event at a time (the replies that are not streamed)."""
-    async for batch in event_batches(messages, tools, reasoning):
-        for ev in batch:
-            yield ev

@@ -1,10 +1,11 @@
 """The streams' pre-built byte templates are byte for byte the events built from dicts.
 
-``ChunkEncoder`` (OpenAI chat and completions), ``anthropic_api.text_delta_template`` and
-``responses_api.text_delta_template`` encode a text delta as fixed bytes around
-``json.dumps(text)``; each must equal the dict-built event it replaces for any text
-(unicode, escapes, control characters, JSON-looking and marker-looking strings) and any
-id, and ``event_batches`` must give one list per worker message.
+``ChunkEncoder`` (OpenAI chat and completions), ``anthropic.encode.block_delta_template``
+and ``responses.encode.delta_template`` (all cut by ``router.api.common.wire.template``)
+encode a text delta as fixed bytes around ``json.dumps(text)``; each must equal the
+dict-built event it replaces for any text (unicode, escapes, control characters,
+JSON-looking and marker-looking strings) and any id, and ``event_batches`` must give
+one list per worker message.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 from router.api.anthropic import encode as aa
 from router.api.openai import encode as oa
 from router.api.responses import encode as ra
+from router.output import events as oe
 from router.output import reasoning_parsers as rp
 from router.output import tool_calls as tc
 from workers.protocol import Chunk, Final, Usage
@@ -65,9 +67,14 @@ def test_responses_delta_template(text: str, seq: int, item: str, index: int,
     assert got == ra.text_delta(kind, seq, item, index, text)
 
 
+def _frames(data: bytes) -> list[bytes]:
+    """One write's SSE events, each with its blank line."""
+    return [f + b"\n\n" for f in data.split(b"\n\n") if f]
+
+
 def test_anthropic_blocks_stream_the_dict_events() -> None:
     blocks = aa.Blocks()
-    out = blocks.add("Hé") + blocks.add('"x"') + blocks.add(rp.Reasoning("r"))
+    out = _frames(blocks.add("Hé") + blocks.add('"x"') + blocks.add(rp.Reasoning("r")))
     assert [out[1], out[2], out[5]] == [aa.block_delta(0, "text", "Hé"),
                                         aa.block_delta(0, "text", '"x"'),
                                         aa.block_delta(1, "thinking", "r")]
@@ -81,8 +88,8 @@ async def _messages(texts: list[str]) -> AsyncIterator[Chunk | Final]:
 
 
 def test_event_batches_give_one_list_per_message() -> None:
-    async def run(parser: tc.ToolParser | None) -> list[list[rp.Event]]:
-        return [b async for b in rp.event_batches(_messages(texts), parser, None)]
+    async def run(parser: tc.ToolParser | None) -> list[list[oe.Event]]:
+        return [b async for b in oe.event_batches(_messages(texts), parser, None)]
 
     texts = ["Hi ", "", "there <tool_", 'call>{"name": "f", "arguments": {}}</tool_call>']
     assert asyncio.run(run(None)) == [["Hi "], ["there <tool_"],
@@ -100,10 +107,10 @@ def test_quote_is_json_dumps(text: str) -> None:
 
 
 def _answer_reference(chunks: list[str], tools: tc.ToolParser | None,
-                      reasoning: rp.ReasoningParser | None) -> list[list[rp.Event]]:
+                      reasoning: rp.ReasoningParser | None) -> list[list[oe.Event]]:
     """``event_batches`` written plainly: every piece through both parsers, in order."""
-    def answer(pieces: list[rp.Event]) -> list[rp.Event]:
-        out: list[rp.Event] = []
+    def answer(pieces: list[oe.Event]) -> list[oe.Event]:
+        out: list[oe.Event] = []
         for p in pieces:
             if isinstance(p, rp.Reasoning) or tools is None:
                 out.append(p)
@@ -129,8 +136,8 @@ def test_event_batches_match_the_plain_definition(chunks: list[str], tools: bool
         return (tc.make_parser("hermes") if tools else None,
                 rp.SPECS["qwen3"].make(False) if reasoning else None)
 
-    async def run() -> list[list[rp.Event]]:
-        return [b async for b in rp.event_batches(_messages(chunks), *parsers())]
+    async def run() -> list[list[oe.Event]]:
+        return [b async for b in oe.event_batches(_messages(chunks), *parsers())]
 
     assert asyncio.run(run()) == _answer_reference(chunks, *parsers())
 
@@ -139,6 +146,6 @@ def test_event_batches_match_the_plain_definition(chunks: list[str], tools: bool
 @given(texts=st.lists(TEXT, min_size=1, max_size=4))
 def test_anthropic_text_deltas_are_the_dict_events(texts: list[str]) -> None:
     blocks = aa.Blocks()
-    sent = [e for t in texts for e in blocks.add(t)]
+    sent = [e for t in texts for e in _frames(blocks.add(t))]
     assert [e for e in sent if b"content_block_delta" in e] == [
         aa.block_delta(0, "text", t) for t in texts]

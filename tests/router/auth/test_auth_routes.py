@@ -25,6 +25,7 @@ from router.auth.ratelimit import RateLimiter
 from router.core import RouterCore
 from router.errors import ApiError
 from router.routing.selection import RouteRequest
+from router.routing.target import Target
 from tests.router.api.anthropic.test_anthropic_api import FakeCore, FakeGeneration
 from workers.protocol import SamplingParams
 
@@ -50,19 +51,20 @@ class LimitedCore(FakeCore):
     def ready(self) -> dict[str, int]:
         return {"tiny": 1}
 
-    refund, _spawn = RouterCore.refund, RouterCore._spawn
+    refund, _spawn, admit = RouterCore.refund, RouterCore._spawn, RouterCore.admit
 
-    async def generate(self, model: str, token_ids: list[int],  # type: ignore[override]
+    async def generate(self, target: Target, token_ids: list[int],  # type: ignore[override]
                        sampling: SamplingParams, request_id: str,
                        headers: Mapping[str, str] | None = None, session_id: str | None = None,
                        api_key: ApiKeyConfig | None = None,
                        has_tools: bool = False) -> FakeGeneration:
         self._key = api_key
-        return await RouterCore.generate(self, model, token_ids, sampling,  # type: ignore[arg-type]
-                                         request_id, headers, session_id, api_key, has_tools)
+        return await RouterCore.generate(self, target, token_ids,  # type: ignore[arg-type]
+                                         sampling, request_id, headers, session_id, api_key,
+                                         has_tools)
 
-    async def _generate(self, req: RouteRequest) -> FakeGeneration:
-        return await FakeCore.generate(self, req.name, req.token_ids, req.sampling,
+    async def _generate(self, req: RouteRequest, target: Target) -> FakeGeneration:
+        return await FakeCore.generate(self, target, req.token_ids, req.sampling,
                                        req.request_id, req.headers, req.session_id,
                                        self._key, req.has_tools)
 

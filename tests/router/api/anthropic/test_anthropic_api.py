@@ -33,6 +33,7 @@ from router.api.responses.store import ResponseStore
 from router.auth.keys import ApiKeyConfig, Authenticator
 from router.errors import ApiError, error_response
 from router.prompt.tokenizer import ChatTokenizer
+from router.routing.target import Target, Targets
 from workers.protocol import Chunk, Final, SamplingParams, Usage, WorkerMessage
 
 HERMES_CALL = '<tool_call>\n{"name": "Read", "arguments": {"file_path": "a.py"}}\n</tool_call>'
@@ -90,23 +91,21 @@ class FakeCore:
         self.calls: list[dict[str, Any]] = []
         self.gens: list[FakeGeneration] = []
         self.auth = Authenticator([])  # open, like a config without keys
+        self.server = self.config.server
+        self.targets = Targets(self.config, {"tiny": self.tok})
         self.predicted_header = True  # RouterCore's: x-kvroute-predicted-cached-tokens
         self.store = ResponseStore(None, "kvroute", ttl_s=60.0, max_entry_bytes=1 << 20,
                                    memory_bytes=8 << 20)
+        self.resolved: list[str] = []  # each RouterCore.target call's name
 
-    def resolve(self, model: str) -> dict[str, float]:
-        if model not in self.models:
-            raise ApiError(404, f"model {model!r} does not exist", "model_not_found", "model")
-        return {model: 1.0}
+    async def admit(self, headers: Mapping[str, str]) -> ApiKeyConfig | None:
+        return self.auth.authenticate(headers)  # no key has a requests/min limit here
 
-    def primary(self, model: str) -> ModelConfig:
-        return self.models[next(iter(self.resolve(model)))]
+    def target(self, model: str) -> Target:
+        self.resolved.append(model)
+        return self.targets.resolve(model)
 
-    def tokenizer(self, model: str) -> ChatTokenizer:
-        self.resolve(model)
-        return self.tok
-
-    async def generate(self, model: str, token_ids: list[int], sampling: SamplingParams,
+    async def generate(self, target: Target, token_ids: list[int], sampling: SamplingParams,
                        request_id: str, headers: Mapping[str, str] | None = None,
                        session_id: str | None = None,
                        api_key: ApiKeyConfig | None = None,
@@ -140,6 +139,10 @@ def make_client(core: FakeCore) -> TestClient:
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
         return await openai_routes.chat_completions(core, request)  # type: ignore[arg-type]
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await openai_routes.completions(core, request)  # type: ignore[arg-type]
 
     @app.post("/v1/responses")
     async def responses(request: Request) -> Response:

@@ -1,4 +1,4 @@
-"""The OpenAI chat stream (``openai_routes._stream``) over a fake replica stream: one write
+"""The OpenAI chat stream (``ChatReply.stream``) over a fake replica stream: one write
 per worker message that gave events (one event or several: a text and a call), each write
 exactly its events' chunks, then the end, usage and ``[DONE]``."""
 
@@ -25,10 +25,12 @@ def test_one_write_per_message_with_its_events() -> None:
     texts = ["Hi", " there", "", " I'll look." + CALL, " after"]
     msgs = [Chunk("r1", t, (i,)) for i, t in enumerate(texts)]
     gen = make(Owner(0, []), "r1", [*msgs, Final("r1", Usage(3, 5, 0), "stop")], fail=False)
-    out = openai_routes._Output(tc.make_parser("hermes"), single_call=False)  # noqa: SLF001
+    out = oa.ChatOutput(oa.ChunkEncoder("id1", "m", chat=True))
+    reply = openai_routes.ChatReply(gen, out, tc.make_parser("hermes"), None, "id1", "m",
+                                    chat=True, include_usage=True)
 
     async def run() -> list[bytes]:
-        return [w async for w in openai_routes._stream(gen, "id1", "m", out, True)]  # noqa: SLF001
+        return [w async for w in reply.stream()]
 
     writes = asyncio.run(run())
     assert len(writes) == 6  # the role, four messages with events (not the empty one), the end

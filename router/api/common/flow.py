@@ -1,0 +1,147 @@
+"""One request flow for every API: ``serve(core, request, spec)``.
+
+Every front end runs the same setup, in this order, once:
+
+1. admit: the key (401) and its requests/min (429), before the body is read;
+2. parse: the bounded body into the API's pydantic schema (400 / 413 / 408);
+3. recall: what the API keeps between requests (the Responses store), if anything;
+4. target: the model name resolved once (``RouterCore.target``; 404);
+5. normalise and encode: the API's request → ``ChatPrompt`` → template + tokenize;
+6. budget: the output limit against the context window (413, or cut to fit);
+7. sampling, the request id and the session key;
+8. route: ``RouterCore.generate``;
+9. reply: the API's ``Reply``, whole or streamed, with the routing headers.
+
+An API is a ``Spec`` over it: its schema, its normaliser, its output limit and cut-to-fit
+rule, its sampling defaults, its session hint, its tool-call and reasoning rules and its
+reply. ``prepare`` is steps 1-5 alone (``/v1/messages/count_tokens``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Generic, NamedTuple, TypeVar, cast
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
+
+from router.api.common import request as rq
+from router.api.common.identity import session_key
+from router.api.common.reply import Reply
+from router.auth.keys import ApiKeyConfig
+from router.core import RouterCore
+from router.dispatch.generation import Generation
+from router.output import reasoning_parsers as rp
+from router.prompt.template import ChatPrompt
+from router.routing.target import Target
+from workers.protocol import SamplingParams
+
+R = TypeVar("R", bound=BaseModel)
+X = TypeVar("X")
+
+
+class SessionHint(NamedTuple):
+    """What the body says about the conversation (``router.api.common.identity``)."""
+
+    prompt_cache_key: str | None = None
+    user_id: str | None = None
+
+
+@dataclass(slots=True)
+class Prepared(Generic[R, X]):
+    """A request after steps 1-5."""
+
+    key: ApiKeyConfig | None
+    req: R
+    target: Target
+    prompt: ChatPrompt | None  # None: a plain prompt, no chat (/v1/completions)
+    ids: list[int]
+    kept: X  # what ``Spec.recall`` and ``Spec.normalize`` keep for the reply
+
+
+@dataclass(slots=True)
+class Turn(Generic[R, X]):
+    """A routed request: what its reply is built from."""
+
+    p: Prepared[R, X]
+    rid: str
+    bound: bool  # the output limit was cut to fit the context
+    gen: Generation
+
+
+class Spec(Generic[R, X]):
+    """One API over the flow; the defaults are the OpenAI chat's."""
+
+    schema: type[R]
+    id_prefix: str = "req"
+    cut_to_fit = False  # over the window: cut the output limit (Anthropic) or a 413
+
+    async def recall(self, req: R) -> X:
+        """What the API keeps between requests, for this one (None: nothing kept)."""
+        return cast(X, None)
+
+    def normalize(self, req: R, target: Target, kept: X) -> ChatPrompt:
+        raise NotImplementedError
+
+    async def encode(self, req: R, target: Target, kept: X) -> tuple[ChatPrompt | None, list[int]]:
+        prompt = self.normalize(req, target, kept)
+        return prompt, await rq.encode_prompt(target.tokenizer, prompt)
+
+    def output_limit(self, req: R) -> int | None:
+        raise NotImplementedError
+
+    def sampling(self, req: R, max_tokens: int) -> SamplingParams:
+        raise NotImplementedError
+
+    def session_hint(self, req: R) -> SessionHint:
+        return SessionHint()
+
+    def has_tools(self, req: R) -> bool:
+        return False
+
+    def streams(self, req: R) -> bool:
+        return False
+
+    def reasoner(self, p: Prepared[R, X]) -> rp.ReasoningParser | None:
+        """A thinking model's parser (None: its text passes through as the answer)."""
+        if p.prompt is None:
+            return None
+        return rp.for_request(p.target.model, p.target.tokenizer, p.ids)
+
+    def reply(self, turn: Turn[R, X]) -> Reply:
+        raise NotImplementedError
+
+    def headers(self, turn: Turn[R, X]) -> dict[str, str]:
+        return {}
+
+
+async def prepare(core: RouterCore, request: Request, spec: Spec[R, X]) -> Prepared[R, X]:
+    """Steps 1-5: admitted, parsed, resolved, templated and tokenized."""
+    key = await core.admit(request.headers)  # 401 / 429 before reading the body
+    req = await rq.parse_body(request, spec.schema, rq.body_limits(core))
+    kept = await spec.recall(req)
+    target = core.target(req.model)  # type: ignore[attr-defined]  # every schema has it
+    prompt, ids = await spec.encode(req, target, kept)
+    return Prepared(key, req, target, prompt, ids, kept)
+
+
+async def serve(core: RouterCore, request: Request, spec: Spec[R, X]) -> Response:
+    """The whole flow: one request of ``spec``'s API, replied whole or streamed."""
+    p = await prepare(core, request, spec)
+    req = p.req
+    budget, bound = rq.output_budget(p.target, len(p.ids), spec.output_limit(req),
+                                     spec.cut_to_fit)
+    rid = rq.request_id(spec.id_prefix)
+    hint = spec.session_hint(req)
+    session = session_key(request.headers, prompt_cache_key=hint.prompt_cache_key,
+                          user_id=hint.user_id, tenant=p.key.name if p.key else None)
+    gen = await core.generate(p.target, p.ids, spec.sampling(req, budget), rid,
+                              rq.forwarded_headers(request), session, api_key=p.key,
+                              has_tools=spec.has_tools(req))
+    turn = Turn(p, rid, bound, gen)
+    reply = spec.reply(turn)
+    headers = {**rq.routing_headers(core, gen), **spec.headers(turn)}
+    if spec.streams(req):
+        return rq.GenerationStream(reply.stream(), gen, headers)
+    return JSONResponse(await reply.collect(), headers=headers)
