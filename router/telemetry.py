@@ -44,6 +44,7 @@ class RequestInfo:
     replica: str = ""
     request_id: str = ""
     tool_calls: int = 0  # tool calls in the reply (the API layers count them)
+    client_gone: bool = False  # the client left before its answer was complete (a 499)
     on_end: Callable[[RequestInfo], None] | None = None  # a turn's end (router.routing.leases)
 
 
@@ -84,10 +85,24 @@ def record_usage(info: RequestInfo, usage: Usage, predicted: int) -> None:
     span.set_attribute("kvroute.predicted_cached_tokens", predicted)
 
 
+CLIENT_CLOSED = 499  # as nginx logs a request whose client left before the answer was complete
+
+
+def outcome_of(info: RequestInfo, status: int) -> str:
+    """The ``status`` label of the request counters: ok, rejected (4xx), error (5xx or a
+    failed stream), or cancelled (the client left: never the server's error)."""
+    if status == CLIENT_CLOSED:
+        return "cancelled"
+    if status < 400 and not info.failed:
+        return "ok"
+    return "error" if status >= 500 or info.failed else "rejected"
+
+
 def _finish(info: RequestInfo, status: int, route: str) -> None:
     now = time.monotonic()
-    outcome = "ok" if status < 400 and not info.failed else ("error" if status >= 500 or
-                                                            info.failed else "rejected")
+    if info.client_gone:
+        status = CLIENT_CLOSED
+    outcome = outcome_of(info, status)
     metrics.KEY_REQUESTS.labels(info.key_label, info.model, outcome).inc()
     _access_log(info, status, route, now)
     if not info.model:

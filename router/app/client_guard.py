@@ -21,6 +21,9 @@ import contextlib
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from starlette.requests import ClientDisconnect
+
+from router import telemetry
 from router.errors import ApiError, error_response
 
 Message = MutableMapping[str, Any]
@@ -88,16 +91,28 @@ class ClientGuardMiddleware:
         try:
             await _until_done_gone_or_late(handler, watcher, client, timeout_s)
             if handler.done():
-                return handler.result()
+                return _result(handler)
             await _cancel(handler)
-            if client.gone.is_set() or client.started:
-                return  # nobody to answer, or a stream to cut (as Serve's proxy does)
+            if client.gone.is_set():
+                telemetry.current().client_gone = True  # a 499, never the server's error
+                return  # nobody to answer
+            if client.started:
+                return  # a stream to cut (as Serve's proxy does)
             err = ApiError(408, f"request not finished within {timeout_s} s "
                            "(server.request_timeout_s)", "request_timeout")
             await error_response(err, scope["path"])(scope, client.receive, send)
         finally:  # also when Serve cancels us (the proxy saw the disconnect itself)
             await _cancel(watcher)
             await _cancel(handler)
+
+
+def _result(handler: asyncio.Future[None]) -> None:
+    """The app's outcome; a client that left while its body was read (Starlette's
+    ``ClientDisconnect``) is that client's doing: counted as a 499, with no traceback."""
+    try:
+        return handler.result()
+    except ClientDisconnect:
+        telemetry.current().client_gone = True
 
 
 async def _until_done_gone_or_late(handler: asyncio.Future[None], watcher: asyncio.Future[None],
