@@ -10,12 +10,17 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 _LAT = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+# TTFT and TPOT: 1 ms steps to 50 ms, so a median near 10 ms per token reads as such, then
+# coarser (a queue, a long prefill).
+_STEPS_MS = tuple(i / 1000 for i in range(1, 51))
+_TTFT = (*_STEPS_MS, 0.075, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_TPOT = (*_STEPS_MS, 0.075, 0.1, 0.25, 0.5, 1)
 _FAST = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
 
-TTFT = Histogram("kvroute_ttft_seconds", "Time to first token", ["model"], buckets=_LAT,
+TTFT = Histogram("kvroute_ttft_seconds", "Time to first token", ["model"], buckets=_TTFT,
                  registry=REGISTRY)
 TPOT = Histogram("kvroute_tpot_seconds", "Time per output token after the first", ["model"],
-                 buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1),
+                 buckets=_TPOT,
                  registry=REGISTRY)
 E2E = Histogram("kvroute_e2e_seconds", "Request latency, end to end", ["model"], buckets=_LAT,
                 registry=REGISTRY)
