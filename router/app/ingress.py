@@ -137,7 +137,7 @@ class Ingress:
         period = self._config.router.maintenance_s
         while True:
             await asyncio.sleep(period)
-            try:  # each index call has its own cap; this bounds the whole tick (finding 21)
+            try:  # each index call has its own cap; this bounds the whole tick
                 async with asyncio.timeout(period):
                     await self._core.maintain()
             except Exception:  # never let housekeeping die

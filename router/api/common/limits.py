@@ -1,4 +1,4 @@
-"""Bounds on what one request may hold, checked while its body is parsed (review finding 2).
+"""Bounds on what one request may hold, checked while its body is parsed.
 
 The body limit (``server.max_body_bytes``) and the bound against the context window
 (``router.api.common.request.BodyLimits``) cap the bytes; these cap the counts and string sizes the

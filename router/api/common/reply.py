@@ -16,20 +16,32 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Protocol
 
 from router.api.common.output import Output
-from router.dispatch.generation import Generation
 from router.errors import ApiError
 from router.output.events import event_batches, events
 from router.output.reasoning_parsers import ReasoningParser
 from router.output.tool_calls import ToolParser
+from workers.protocol import Final, WorkerMessage
 
 log = logging.getLogger(__name__)
 
 
+class Stream(Protocol):
+    """What a reply reads of its generation: ``router.dispatch.generation.Generation``, or
+    the replicas' own endpoint's engine stream (``router.app.replica_endpoint``)."""
+
+    replica: str
+    final: Final | None
+
+    def messages(self) -> AsyncIterator[WorkerMessage]: ...
+
+    def close(self) -> None: ...
+
+
 class Reply:
-    def __init__(self, gen: Generation, output: Output, parser: ToolParser | None,
+    def __init__(self, gen: Stream, output: Output, parser: ToolParser | None,
                  reasoner: ReasoningParser | None, label: str) -> None:
         self.gen, self.output, self.parser, self.reasoner = gen, output, parser, reasoner
         self.label = label  # the id the logs name

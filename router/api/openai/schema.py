@@ -23,7 +23,7 @@ from router.prompt.template import strip_volatile
 from router.prompt.tokenizer import TemplateOptions
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # seed: engines seed 64-bit generators
-MAX_STOP_CHARS = 512  # stop matching costs grow with the length (review finding 12)
+MAX_STOP_CHARS = 512  # stop matching costs grow with the length
 
 
 class _Lenient(BaseModel):

@@ -194,7 +194,7 @@ async def test_engine_failure_before_first_token_is_503(tiny_model_dir: Path) ->
 
 
 async def test_post_routes_need_the_deployment_token(tiny_model_dir: Path) -> None:
-    """Review finding 19: anything on loopback could call the engine past kvroute's keys."""
+    """Anything on loopback could call the engine past kvroute's keys."""
     engine = FakeEngine()
     body = {"model": MODEL, "prompt": [5, 6], "max_tokens": 2}
     async with serving(tiny_model_dir, engine, token="t0ken") as c:

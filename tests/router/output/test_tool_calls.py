@@ -243,7 +243,7 @@ def test_openai_response_format(tiny_model_dir: Path) -> None:
 
 def test_token_id_prompts_meet_the_window_before_their_ids_are_scanned(
         tiny_model_dir: Path) -> None:
-    """Review finding 13: an over-long token-id prompt is a 413 from its length alone,
+    """An over-long token-id prompt is a 413 from its length alone,
     before every id is range-checked (the last id here is out of range)."""
     import asyncio
 

@@ -394,7 +394,7 @@ def test_sdk_raises_typed_errors(tiny_model_dir: Path) -> None:
 
 def test_a_client_gone_before_the_first_byte_closes_the_generation(
         tiny_model_dir: Path) -> None:
-    """Review finding 4: a body generator that never starts never runs its ``finally``;
+    """A body generator that never starts never runs its ``finally``;
     the response itself must close the generation (abort, ticket, refund)."""
     core = FakeCore(tiny_model_dir, Script(chunks=["x"] * 100))
 

@@ -44,7 +44,7 @@ def test_invalid_json_wins() -> None:
 
 
 def test_span_names_are_routes_never_raw_paths() -> None:
-    """Review finding 15: a client must not mint span names with the paths it sends."""
+    """A client must not mint span names with the paths it sends."""
     from router.telemetry import span_name
 
     assert span_name("POST", "/v1/messages") == "POST /v1/messages"
