@@ -7,6 +7,7 @@ loopback port; requests go over real HTTP.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -238,3 +239,37 @@ async def test_render_and_tokenize_give_the_engine_ids(tiny_model_dir: Path) -> 
     assert rendered["token_ids"] == tokenized["tokens"] == list(engine.requests[0].token_ids)
     assert text[0]["token_ids"] == plain["tokens"] and plain["count"] == len(plain["tokens"]) > 0
     assert bad.status_code == 400 and "error" in bad.json()
+
+
+class SlowEngine(FakeEngine):
+    """A long generation, one chunk every few milliseconds."""
+
+    async def generate(self, request: WorkRequest,
+                       kvroute_rank: list[str] | None = None) -> AsyncIterator[WorkerMessage]:
+        self.requests.append(request)
+        try:
+            for i in range(10_000):
+                await asyncio.sleep(0.005)
+                yield Chunk("r-1", " x", (i,))
+            yield Final("r-1", Usage(len(request.token_ids), 10_000, 0), "length")
+        finally:
+            self.closed += 1
+
+
+async def test_a_client_gone_mid_stream_aborts_the_engine(tiny_model_dir: Path) -> None:
+    engine = SlowEngine()
+    direct = DirectHttp(MODEL, str(tiny_model_dir), engine.generate)
+    await direct.start()
+    try:
+        async with httpx.AsyncClient(base_url=f"http://{direct.address}", timeout=10) as c:
+            body = {"model": MODEL, "prompt": [5, 6], "stream": True}
+            async with c.stream("POST", "/v1/completions", json=body) as r:
+                async for _ in r.aiter_bytes():
+                    break  # the client leaves after its first bytes
+        for _ in range(200):  # the server sees the disconnect at its next write
+            if engine.closed and direct.ongoing == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert engine.closed == 1 and direct.ongoing == 0
+    finally:
+        await direct.stop()
