@@ -303,7 +303,7 @@ class DirectHttp:
             return openai_error(ApiError(first.status, first.message, "engine_rejected"))
         headers = {"x-kvroute-replica": first.replica, "x-request-id": rid}
         ids_back = req.stream and not chat and getattr(req, "return_token_ids", False)
-        run = _Run(gen, first, self, [] if ids_back else None)
+        run = _EngineStream(gen, first, self, [] if ids_back else None)
         enc = (_WithIds(rid, req.model, run.ids) if run.ids is not None
                else oa.ChunkEncoder(rid, req.model, chat) if req.stream else None)
         include = bool(req.stream_options and req.stream_options.include_usage)
@@ -322,7 +322,7 @@ class DirectHttp:
         return JSONResponse(body, headers=headers)
 
 
-class _Run:
+class _EngineStream:
     """One engine generation as ``ChatReply`` reads a router ``Generation``: its messages
     (the engine's token ids collected when asked), its final message and its close."""
 
@@ -362,7 +362,7 @@ class _WithIds(oa.ChunkEncoder):
 
     def __init__(self, rid: str, model: str, ids: list[int]) -> None:
         super().__init__(rid, model, chat=False)
-        self.ids = ids  # filled by ``_Run.messages``
+        self.ids = ids  # filled by ``_EngineStream.messages``
 
     def text(self, text: str) -> bytes:
         return self.delta({"text": text})

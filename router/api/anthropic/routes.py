@@ -1,9 +1,10 @@
 """The Anthropic Messages endpoints: POST /v1/messages and /v1/messages/count_tokens.
 
-One request: parse (``router.api.anthropic.schema``) → normalise into the chat
-template's input (``router.api.anthropic.normalize``) → render and tokenize once → check the
-context → ``RouterCore.generate`` → parse tool calls from the output
-(``router.output.tool_calls``) → reply as a message or as SSE (``router.api.anthropic.encode``).
+One request runs the shared flow (``router.api.common.flow``) with ``MessagesSpec``: parse
+(``router.api.anthropic.schema``) → normalise into the chat template's input
+(``router.api.anthropic.normalize``) → render and tokenize once → check the context →
+``RouterCore.generate`` → parse tool calls from the output (``router.output.tool_calls``) →
+reply as a message or as SSE (``MessageReply`` over ``router.api.anthropic.encode.Blocks``).
 
 Choices (see docs/api.md):
 

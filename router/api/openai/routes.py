@@ -1,5 +1,8 @@
 """The OpenAI endpoints: /v1/chat/completions, /v1/completions, /v1/models.
 
+Each request runs the shared flow (``router.api.common.flow``) with ``ChatSpec`` or
+``CompletionSpec``, and replies through ``ChatReply`` over ``encode.ChatOutput``.
+
 Chat requests are normalised like Anthropic ones where it matters for the cache
 (``router.api.anthropic.normalize.strip_volatile`` on the leading system message), rendered
 with the model's chat template (tools included) and tokenized once. With tools

@@ -1,12 +1,13 @@
 """The OpenAI Responses endpoint: POST /v1/responses (what Codex speaks).
 
-One request, on the same core as chat: parse (``router.api.responses.schema``) → the
-stored conversation of ``previous_response_id``, if any (404 when unknown or
-expired) → normalise into the chat template's input
-(``router.api.responses.normalize``) → render and tokenize once → ``RouterCore.generate``
-→ parse tool calls → reply as a response object or as SSE events
-(``router.api.responses.encode``) → with ``store`` (OpenAI's default), keep the
-conversation for ``previous_response_id`` (``router.api.responses.store``).
+One request runs the shared flow (``router.api.common.flow``) with ``ResponsesSpec``:
+parse (``router.api.responses.schema``) → the stored conversation of
+``previous_response_id``, if any (the spec's ``recall``; 404 when unknown or expired) →
+normalise into the chat template's input (``router.api.responses.normalize``) → render and
+tokenize once → ``RouterCore.generate`` → parse tool calls → reply as a response object or
+as SSE events (``ResponseReply`` over ``router.api.responses.encode.Output``) → with
+``store`` (OpenAI's default), keep the conversation for ``previous_response_id``
+(``ResponseReply.done``, ``router.api.responses.store``).
 
 ``store: false`` (what Codex sends, with the whole conversation every turn) keeps
 nothing. ``max_output_tokens`` is checked against the context window like chat's
