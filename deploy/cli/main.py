@@ -12,6 +12,7 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from deploy.cli.serve_one import add_model_args, model_config, refuse_busy_port
 from deploy.config import EngineName, IndexConfig, KvrouteConfig, ModelConfig, load_config
 from ops.bench.cli import add_parser as add_bench
 from ops.commands.keys import add_parser as add_keys
@@ -62,8 +63,12 @@ def _raise_interrupt(*_: object) -> None:
 
 
 def _config(args: argparse.Namespace) -> KvrouteConfig:
+    if args.config and args.model:
+        raise SystemExit("kvroute up: --config or --model, not both")
     if args.config:
         return _overrides(load_config(args.config), args)
+    if args.model:
+        return _overrides(model_config(args), args)
     backend: EngineName = args.backend or "mlx"
     return _overrides(demo_config(backend, args.replicas or 2, args.redis_url), args)
 
@@ -75,8 +80,12 @@ def cmd_up(args: argparse.Namespace) -> int:
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     from deploy.cli.console import UpConsole
 
-    with UpConsole().step("loading the config" if args.config else "preparing the demo model"):
+    what = ("loading the config" if args.config else "resolving the model" if args.model
+            else "preparing the demo model")
+    with UpConsole().step(what):
         cfg = _config(args)
+    if not os.environ.get("RAY_ADDRESS"):  # joining a cluster: its nodes hold the ports
+        refuse_busy_port(cfg.server.host, cfg.server.port)
     if missing := _missing_engines(cfg):
         for line in missing:
             sys.stderr.write(f"kvroute up: {line}\n")
@@ -94,6 +103,8 @@ def _serve(cfg: KvrouteConfig, verbose: bool) -> int:
     if log_path:
         ui.say(f"Ray and Serve logs go to {log_path}")
     signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM stops like Ctrl-C
+    # Ctrl-C works even where the shell started us with SIGINT ignored (`kvroute up &`).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     code = 0
     try:
         _start(cfg, ui, log_path)
@@ -145,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--backend", choices=["mlx", "vllm", "sim"])
     up.add_argument("--replicas", type=int)
     up.add_argument("--redis-url", help="shared Redis index (or KVROUTE_REDIS_URL)")
+    add_model_args(up)
     up.add_argument("--verbose", action="store_true",
                     help="stream Ray and Serve logs here instead of into a log file")
     up.set_defaults(func=cmd_up)

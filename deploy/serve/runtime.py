@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import random
 import socket
 import time
 
 import httpx
+import psutil
 import ray
 from ray import serve
 
@@ -76,10 +79,26 @@ def http_options(config: KvrouteConfig) -> dict[str, object]:
     server = config.server
     host, port = server.host, server.port
     if server.ingress == "direct":
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            host, port = "127.0.0.1", sock.getsockname()[1]
+        host, port = "127.0.0.1", unclaimed_port()
     return {"host": host, "port": port, "request_timeout_s": server.request_timeout_s}
+
+
+# Between Ray's worker ports (10002-19999 by default) and the kernel's ephemeral range
+# (32768 and up): a port picked here is not handed to another process's bind(0) between the
+# pick and Serve's bind, as Ray's own starting processes would.
+_UNCLAIMED = range(20000, 32768)
+
+
+def unclaimed_port(host: str = "127.0.0.1") -> int:
+    """A free port outside the ranges other processes are given ports from."""
+    for port in random.sample(_UNCLAIMED, 64):
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port))
+                return port
+            except OSError:
+                continue
+    raise RuntimeError(f"no free port in {_UNCLAIMED.start}-{_UNCLAIMED.stop - 1} on {host}")
 
 
 def proxy_url() -> str:
@@ -104,9 +123,33 @@ def wait_healthy(url: str, timeout_s: float = 600.0) -> float:
     raise TimeoutError(f"{url}/health not ready after {timeout_s:.0f} s")
 
 
-def shutdown() -> None:
-    if ray.is_initialized():
-        try:
-            serve.shutdown()
-        finally:
-            ray.shutdown()
+def _ray_children() -> list[psutil.Process]:
+    """This process's descendants that are Ray's (raylet, GCS, agents, workers): never the
+    other programs a caller started (a Redis, a collector)."""
+    out = []
+    for proc in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            cmd = proc.cmdline()
+            if any("/ray/" in part or part.startswith("ray::") for part in cmd):
+                out.append(proc)
+    return out
+
+
+def shutdown(grace_s: float = 5.0) -> None:
+    """Serve and Ray down; then whatever the local Ray left of its processes (its agents
+    poll for their parent and would linger up to a minute) is ended too."""
+    if not ray.is_initialized():
+        return
+    ours = _ray_children()  # a cluster we started, if any
+    try:
+        serve.shutdown()
+    finally:
+        ray.shutdown()
+        left = [p for p in ours if p.is_running()]
+        for proc in left:
+            with contextlib.suppress(psutil.Error):
+                proc.terminate()
+        _, alive = psutil.wait_procs(left, timeout=grace_s)
+        for proc in alive:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
