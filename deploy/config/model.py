@@ -45,7 +45,8 @@ class SimKwargs(Strict):
     prefill_tok_s: float | None = Field(None, gt=0, description="Prefill rate (tokens/s).")
     tpot_s: float | None = Field(None, ge=0, description="Decode step at batch 1 (s).")
     tpot_per_batch_s: float | None = Field(None, ge=0, description="Added per extra sequence.")
-    vocab_size: int | None = Field(None, ge=1, description="Token ids emitted are below it.")
+    vocab_size: int | None = Field(None, ge=1, description="Token ids emitted are below it "
+                                   "(default: whole words of the model's own tokenizer).")
     eos_every: int | None = Field(None, ge=0, description="An EOS every N tokens; 0: never.")
     script_path: str | None = Field(
         None, description="Scripted replies (workers/engines/sim/script.py).")

@@ -28,6 +28,7 @@ def _mlx(cfg: ModelConfig, replica: str, block_size: int) -> Engine:
 def _sim(cfg: ModelConfig, replica: str, block_size: int) -> Engine:
     from workers.engines.sim.engine import SimEngine, SimParams
     from workers.engines.sim.script import SimScript
+    from workers.engines.sim.vocab import SimVocab
 
     kw = dict(cfg.engine_kwargs)
     # The script is the adapter's, not the core's: SimParams keeps its strict key check.
@@ -36,7 +37,9 @@ def _sim(cfg: ModelConfig, replica: str, block_size: int) -> Engine:
         raise ValueError(f"sim engine_kwargs.script_path must be a string, got {script_path!r}")
     params = SimParams.from_kwargs(kw, block_size)
     script = SimScript.load(script_path, cfg.model_path) if script_path is not None else None
-    engine = SimEngine(cfg.name, replica, block_size, params, script)
+    # The model's own words, unless ids below an explicit vocab_size are asked for.
+    vocab = None if "vocab_size" in kw else SimVocab.of_model(cfg.model_path)
+    engine = SimEngine(cfg.name, replica, block_size, params, script, vocab)
     if cfg.vllm_kv_events is not None:  # benchmarks of peer routers that read vLLM's events
         from workers.engines.sim.vllm_wire import VllmEventPublisher
 

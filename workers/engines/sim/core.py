@@ -171,8 +171,10 @@ class _Req:
 class SimCore:
     """One emulated engine replica, driven by an external clock."""
 
-    def __init__(self, params: SimParams, model: str = "", replica: str = "") -> None:
+    def __init__(self, params: SimParams, model: str = "", replica: str = "",
+                 output_ids: tuple[int, ...] | None = None) -> None:
         self.params, self.model, self.replica = params, model, replica
+        self._output_ids = output_ids  # the tokens to emit (SimVocab); None: any below vocab_size
         self._now = float("-inf")
         self._reqs: dict[str, _Req] = {}
         self._waiting: deque[str] = deque()
@@ -359,7 +361,7 @@ class SimCore:
         else:
             script = spec.script
             if script is None:
-                tok = sim_token(spec.prompt_key, spec.seed, i, self.params.vocab_size)
+                tok = self._token(spec, i)
             else:
                 tok = script[i]
             r.generated += 1
@@ -371,6 +373,11 @@ class SimCore:
                 self._pending.append(self._finish(r, self._now, "length"))
             else:
                 self._schedule(r, self._now + self.params.step_time(self._decoding))
+
+    def _token(self, spec: SimRequest, i: int) -> int:
+        if self._output_ids is None:
+            return sim_token(spec.prompt_key, spec.seed, i, self.params.vocab_size)
+        return self._output_ids[sim_token(spec.prompt_key, spec.seed, i, len(self._output_ids))]
 
     def _eos_at(self, spec: SimRequest, i: int) -> bool:
         """Whether decode step ``i`` (0-based) yields EOS instead of a token."""

@@ -9,8 +9,10 @@ next event time, and outputs are dispatched to per-request queues. No threads.
 
 The adapter hashes token ids into canonical block hashes (``block_hashes`` with
 ``model_salt(model_name)`` and the router's block size), so its cache events are exactly
-the router's hashes. Each output token ``t`` has the text ``f" w{t}"``; stop strings are
-matched on that text (``StopMatcher``) and end the request with finish_reason "stop".
+the router's hashes. Output tokens are whole words of the model's own tokenizer when the
+model folder has one (``workers.engines.sim.vocab``: the text tokenizes back to the same
+ids), else ``f" w{t}"`` per token ``t``; stop strings are matched on that text
+(``StopMatcher``) and end the request with finish_reason "stop".
 Temperature and top_p are ignored: output is a pure function of (prompt, seed, position).
 
 With a ``script`` (``workers.engines.sim.script.SimScript``, from ``engine_kwargs.script_path``)
@@ -39,6 +41,7 @@ from cache_service.hashing import (
     token_bytes,
 )
 from workers.engines.sim.core import LABEL, SimCore, SimFinish, SimOutput, SimParams, SimRequest
+from workers.engines.sim.vocab import SimVocab
 from workers.engines.stops import StopMatcher
 from workers.protocol import (
     EngineError,
@@ -68,9 +71,12 @@ class _Stream:
     queue: asyncio.Queue[TokenChunk | Finished] = field(default_factory=asyncio.Queue)
     held: list[int] = field(default_factory=list)  # ids whose text the StopMatcher holds
     pieces: tuple[str, ...] | None = None  # a scripted reply's text per token
+    vocab: SimVocab | None = None
 
     def text(self, token_id: int, index: int) -> str:
-        return token_text(token_id) if self.pieces is None else self.pieces[index]
+        if self.pieces is not None:
+            return self.pieces[index]
+        return token_text(token_id) if self.vocab is None else self.vocab.text(token_id)
 
 
 class SimEngine:
@@ -85,6 +91,7 @@ class SimEngine:
         block_size: int = DEFAULT_BLOCK_SIZE,
         params: SimParams | None = None,
         script: SimScript | None = None,
+        vocab: SimVocab | None = None,
     ) -> None:
         params = params or SimParams(block_size=block_size)
         if params.block_size != block_size:
@@ -94,9 +101,10 @@ class SimEngine:
             )
         self.model_name, self.replica_id = model_name, replica_id
         self.params = params
-        self._script = script
+        self._script, self._vocab = script, vocab
         self._salt = model_salt(model_name)
-        self._core = SimCore(self.params, model_name, replica_id)
+        self._core = SimCore(self.params, model_name, replica_id,
+                             vocab.ids if vocab is not None else None)
         self._streams: dict[str, _Stream] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -143,7 +151,8 @@ class SimEngine:
             script=reply.token_ids if reply else None,
             lease_s=request.lease_s,
         )
-        stream = _Stream(StopMatcher(sp.stop), pieces=reply.pieces if reply else None)
+        stream = _Stream(StopMatcher(sp.stop), pieces=reply.pieces if reply else None,
+                         vocab=self._vocab)
         self._streams[rid] = stream
         self._core.submit(spec, self._now())
         self._reschedule()
