@@ -1,6 +1,6 @@
 """Router CPU per streamed token, in process: the OpenAI chat stream of one generation
 through the router's own ASGI stack (``RequestIds``, telemetry, client guard, FastAPI,
-``GenerationStream`` over ``openai_routes._stream``), with a fake replica stream that never
+``GenerationStream`` over ``openai_routes.ChatReply.stream``), with a fake replica stream that never
 waits, and no socket (what a real stream adds per token on top: the write syscall and the
 loopback stream's wake-up). Also the tool-call parser and the chunk encoder on their own.
 
@@ -91,8 +91,9 @@ def _app() -> Any:
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
         gen = _generation(owner, int(await request.body()))
-        out = openai_routes._Output(hermes.FAMILY.parser(tc.schemas(tools)), False)  # noqa: SLF001
-        body = openai_routes._stream(gen, "chatcmpl-1", "m", out, True)  # noqa: SLF001
+        body = openai_routes.ChatReply(gen, oa.ChatOutput(oa.ChunkEncoder("chatcmpl-1", "m", True)),
+                                       hermes.FAMILY.parser(tc.schemas(tools)), None, "chatcmpl-1",
+                                       "m", True, True).stream()
         return hu.GenerationStream(body, gen, {"x-kvroute-replica": "r"})
 
     return RequestIds(app, "bench")
