@@ -140,8 +140,12 @@ async def serve(core: RouterCore, request: Request, spec: Spec[R, X]) -> Respons
                               rq.forwarded_headers(request), session, api_key=p.key,
                               has_tools=spec.has_tools(req))
     turn = Turn(p, rid, bound, gen)
-    reply = spec.reply(turn)
-    headers = {**rq.routing_headers(core, gen), **spec.headers(turn)}
+    try:
+        reply = spec.reply(turn)
+        headers = {**rq.routing_headers(core, gen), **spec.headers(turn)}
+    except BaseException:  # no reply will close it: end the worker's generation here
+        gen.close()
+        raise
     if spec.streams(req):
         return rq.GenerationStream(reply.stream(), gen, headers)
     return JSONResponse(await reply.collect(), headers=headers)

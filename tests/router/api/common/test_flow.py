@@ -97,3 +97,17 @@ def test_the_three_outputs_share_the_single_call_rule() -> None:
         assert out.add(calls[0]) and out.add(calls[1]) == b""
         assert [c.name for c in out.calls] == ["f"]
     assert [b["type"] for b in blocks.content] == ["tool_use"]
+
+
+def test_a_reply_that_cannot_be_built_still_closes_the_generation(
+        tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from router.output import tool_calls as tc
+
+    def broken(*_: Any) -> None:
+        raise ValueError("no parser")
+
+    monkeypatch.setattr(tc, "parser_for", broken)
+    core = FakeCore(tiny_model_dir)
+    r = make_client(core).post("/v1/chat/completions", json=BODIES["/v1/chat/completions"])
+    assert r.status_code == 500
+    assert len(core.gens) == 1 and core.gens[0].closed
