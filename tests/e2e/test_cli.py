@@ -93,7 +93,7 @@ def test_up_serves_demo_and_ctrl_c_cleans_up(tmp_path: Path) -> None:
 
 
 def test_up_names_the_extra_when_an_engine_is_missing(tmp_path: Path) -> None:
-    from deploy.cli import _missing_engines
+    from deploy.cli.main import _missing_engines
     from deploy.config import KvrouteConfig
 
     cfg = KvrouteConfig.model_validate(
