@@ -26,6 +26,7 @@ import asyncio
 import resource
 from collections import Counter
 from dataclasses import dataclass
+from typing import ClassVar
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -67,79 +68,82 @@ _FULL = _reply(b"503 Service Unavailable", b'{"error": {"message": "too many ope
                b'retry later", "type": "overloaded", "code": "overloaded"}}', b"retry-after: 1\r\n")
 
 
-def edge_protocol(limits: EdgeLimits) -> type[HttpToolsProtocol]:
-    """uvicorn's httptools protocol with ``limits`` (one class per server: the per-address
-    counts are the server's)."""
-    cap = limits.connection_cap()
-    per_client: Counter[str] = Counter()
+class EdgeProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol under ``limits``; ``edge_protocol`` makes one subclass per
+    server, so the per-address counts are that server's."""
 
-    class EdgeProtocol(HttpToolsProtocol):
-        _client_key: str | None = None
-        _head_bytes = 0
-        _in_head = True  # reading a request head (or waiting for one)
-        _head_timer: asyncio.TimerHandle | None = None
+    limits: ClassVar[EdgeLimits] = EdgeLimits()
+    cap: ClassVar[int] = EdgeLimits().max_connections
+    per_client: ClassVar[Counter[str]] = Counter()
+    _client_key: str | None = None
+    _head_bytes = 0
+    _in_head = True  # reading a request head (or waiting for one)
+    _head_timer: asyncio.TimerHandle | None = None
 
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            host = self.client[0] if self.client else ""
-            if len(self.connections) > cap or (
-                    limits.max_connections_per_client
-                    and per_client[host] >= limits.max_connections_per_client):
-                transport.write(_FULL)
-                transport.close()
-                return
-            self._client_key = host
-            per_client[host] += 1
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        host = self.client[0] if self.client else ""
+        if len(self.connections) > self.cap or (
+                self.limits.max_connections_per_client
+                and self.per_client[host] >= self.limits.max_connections_per_client):
+            transport.write(_FULL)
+            transport.close()
+            return
+        self._client_key = host
+        self.per_client[host] += 1
+        self._arm_head_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_head_timer()
+        if self._client_key is not None:
+            self.per_client[self._client_key] -= 1
+            if self.per_client[self._client_key] <= 0:
+                del self.per_client[self._client_key]
+            self._client_key = None
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._in_head:
+            self._head_bytes += len(data)
+        super().data_received(data)
+        if self._in_head and self._head_bytes > self.limits.max_header_bytes:
+            self._cancel_head_timer()
+            if not self.transport.is_closing():
+                self.transport.write(_TOO_LARGE)
+                self.transport.close()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._head_timer is None:  # a kept-alive connection's next request begins
             self._arm_head_timer()
 
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._cancel_head_timer()
-            if self._client_key is not None:
-                per_client[self._client_key] -= 1
-                if per_client[self._client_key] <= 0:
-                    del per_client[self._client_key]
-                self._client_key = None
-            super().connection_lost(exc)
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._cancel_head_timer()
+        super().on_headers_complete()
 
-        def data_received(self, data: bytes) -> None:
-            if self._in_head:
-                self._head_bytes += len(data)
-            super().data_received(data)
-            if self._in_head and self._head_bytes > limits.max_header_bytes:
-                self._cancel_head_timer()
-                if not self.transport.is_closing():
-                    self.transport.write(_TOO_LARGE)
-                    self.transport.close()
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        # Bytes from here on are the next request's head. Its deadline starts with its
+        # first byte (an idle kept-alive connection is uvicorn's keep-alive timeout's).
+        self._in_head, self._head_bytes = True, 0
 
-        def on_message_begin(self) -> None:
-            super().on_message_begin()
-            if self._head_timer is None:  # a kept-alive connection's next request begins
-                self._arm_head_timer()
+    def _arm_head_timer(self) -> None:
+        self._cancel_head_timer()
+        self._head_timer = self.loop.call_later(self.limits.header_timeout_s, self._head_late)
 
-        def on_headers_complete(self) -> None:
-            self._in_head = False
-            self._cancel_head_timer()
-            super().on_headers_complete()
-
-        def on_message_complete(self) -> None:
-            super().on_message_complete()
-            # Bytes from here on are the next request's head. Its deadline starts with its
-            # first byte (an idle kept-alive connection is uvicorn's keep-alive timeout's).
-            self._in_head, self._head_bytes = True, 0
-
-        def _arm_head_timer(self) -> None:
-            self._cancel_head_timer()
-            self._head_timer = self.loop.call_later(limits.header_timeout_s, self._head_late)
-
-        def _cancel_head_timer(self) -> None:
-            if self._head_timer is not None:
-                self._head_timer.cancel()
-                self._head_timer = None
-
-        def _head_late(self) -> None:
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
             self._head_timer = None
-            if self._in_head and not self.transport.is_closing():
-                self.transport.close()  # no whole request head in time: idle or slowloris
 
-    return EdgeProtocol
+    def _head_late(self) -> None:
+        self._head_timer = None
+        if self._in_head and not self.transport.is_closing():
+            self.transport.close()  # no whole request head in time: idle or slowloris
 
+
+def edge_protocol(limits: EdgeLimits) -> type[EdgeProtocol]:
+    """The protocol class for one server under ``limits``."""
+    return type("EdgeProtocol", (EdgeProtocol,), {
+        "limits": limits, "cap": limits.connection_cap(), "per_client": Counter()})
