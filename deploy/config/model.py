@@ -32,7 +32,7 @@ class MlxKwargs(Strict):
     disk_path: str | None = Field(
         None, description="Disk tier folder, kept across restarts: a replica started on it "
         "takes back the same model's entries (default: a temporary folder, removed with the "
-        "replica). One replica per folder: give each replica on a node its own.")
+        "replica). Replicas on one node may share it: each holds a locked slot-N subfolder.")
     lease_fraction: float | None = Field(None, ge=0, le=1,
                                          description="Most of cache_bytes leases may hold.")
 
