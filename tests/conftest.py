@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -44,6 +45,45 @@ def ray_local() -> Iterator[None]:
     runtime.shutdown()
 
 
+def _stack_name(item: pytest.Item | None) -> str | None:
+    mark = None if item is None else item.get_closest_marker("stack")
+    return None if mark is None else str(mark.args[0])
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules that never start the session Ray run first (``kvroute up`` starts a Ray of
+    its own, better alone). Then the stack modules, those marked ``stack(name)`` moved up
+    behind the first module of that name, so the pool (``tests.stacks.deployed``) starts
+    their shared app once. Otherwise the collected order stays."""
+    modules: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::")[0], []).append(item)
+    groups: dict[str, list[str]] = {}  # a group's name (its stack, or its path) -> its modules
+    for path, group in modules.items():
+        groups.setdefault(_stack_name(group[0]) or path, []).append(path)
+
+    def uses_ray(paths: list[str]) -> bool:
+        return any("ray_local" in getattr(item, "fixturenames", ())
+                   for path in paths for item in modules[path])
+
+    ordered = sorted(groups.values(), key=uses_ray)  # stable: False first
+    items[:] = [item for paths in ordered for path in paths for item in modules[path]]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """After a module's last test, its pooled app goes unless the next module shares it."""
+    try:
+        return (yield)
+    finally:
+        if nextitem is None or nextitem.module is not item.module:
+            name = _stack_name(item)
+            if name is None or name != _stack_name(nextitem):
+                stacks = sys.modules.get("tests.stacks")  # imported by every stack module
+                if stacks is not None:
+                    stacks.release()
+
+
 # A password-protected Redis for index.redis_url_env: its URL must be in
 # the environment before Ray starts, as it would be in every pod, since Serve replicas read
 # it from their own environment (never from Serve's config).
@@ -72,8 +112,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 @pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config: pytest.Config) -> None:
     if _EXIT_STATUS and os.environ.get("KVROUTE_TEST_TEARDOWN") != "1":
-        import sys
-
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(_EXIT_STATUS[-1])

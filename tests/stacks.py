@@ -3,13 +3,18 @@
 A module's fixture builds its config with ``sim_model`` and ``stack_config`` (models
 on the session's loopback port, where the router replicas listen themselves unless the
 config asks for Serve's proxy) and serves it with ``deployed``, which waits for
-``/health`` and always deletes the app again, so the next module starts clean.
+``/health``. One app runs at a time (one app name), held in a pool keyed by its config:
+modules marked ``@pytest.mark.stack(name)`` with one name run one after another
+(``tests/conftest.py`` orders them) and the second finds the first's app up when its
+config is the same. Anything else replaces the app, and after a module whose
+successor does not share it the app is deleted (``release``), so that module starts clean.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -46,22 +51,82 @@ def stack_config(port: int, *models: ModelConfig, **sections: Any) -> KvrouteCon
     )
 
 
+@dataclass
+class _Pool:
+    """The app this session runs, its config's JSON, and the fixtures holding it now."""
+
+    key: str | None = None
+    url: str = ""
+    holders: int = 0
+
+
+_POOL = _Pool()
+
+
 @contextmanager
 def deployed(cfg: KvrouteConfig, timeout_s: float = 120.0) -> Iterator[str]:
-    """Deploy ``cfg`` on the running Ray, wait until healthy, yield its URL; then delete it."""
-    from ray import serve
+    """Serve ``cfg`` on the running Ray, wait until healthy, yield its URL.
 
+    The app outlives the block: the next ``deployed`` with an equal config gets it as it is
+    (checked healthy again), a different one deletes and replaces it."""
     from deploy.serve import runtime
 
     if cfg.server.ingress == "proxy":  # on the port Serve's proxy holds this session
         cfg = cfg.model_copy(update={"server": cfg.server.model_copy(
             update={"port": proxy_port()})})
-    try:
+    key = cfg.model_dump_json()
+    if key != _POOL.key:
+        if _POOL.holders:
+            raise RuntimeError("a stack is still held: one app runs at a time")
+        release()
         url = runtime.deploy(cfg)
-        runtime.wait_healthy(url, timeout_s=timeout_s)
-        yield url
+        _POOL.key, _POOL.url = key, url  # from here on release() deletes it
+    try:
+        runtime.wait_healthy(_POOL.url, timeout_s=timeout_s)
+    except BaseException:
+        release()
+        raise
+    _POOL.holders += 1
+    try:
+        yield _POOL.url
     finally:
-        serve.delete(runtime.APP_NAME)
+        _POOL.holders -= 1
+
+
+def release() -> None:
+    """Delete the pooled app unless a fixture still holds it (a package-scoped stack)."""
+    if _POOL.key is None or _POOL.holders:
+        return
+    import ray
+
+    from deploy.serve import runtime
+
+    _POOL.key = None
+    if ray.is_initialized():  # at the session's end the Ray fixture has already shut it down
+        delete_now(runtime.APP_NAME)
+
+
+def delete_now(app: str, timeout_s: float = 60.0) -> None:
+    """``serve.delete`` without the graceful drain: its replicas are killed, not asked to
+    stop. Between test stacks nothing is in flight, and each stop would cost Serve's 2 s
+    wait loop (``graceful_shutdown_wait_loop_s``) plus a controller round."""
+    import time
+
+    import ray
+    from ray import serve
+
+    serve.delete(app, _blocking=False)
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        if actor["namespace"] == "serve" and actor["name"].startswith(f"SERVE_REPLICA::{app}#"):
+            try:
+                ray.kill(ray.get_actor(actor["name"], namespace="serve"), no_restart=True)
+            except ValueError:  # already gone
+                pass
+    deadline = time.monotonic() + timeout_s
+    while app in serve.status().applications:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"Serve app {app!r} still there {timeout_s:.0f} s after delete")
+        time.sleep(0.05)
 
 
 def proxy_port() -> int:
@@ -80,6 +145,20 @@ def proxy_port() -> int:
         port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
     return port
+
+
+def listener_pid(url: str) -> int:
+    """The process listening on ``url``'s port: a stack's router replica under direct
+    ingress. By port, not by name: another Ray on the machine (CI's other lane) may run
+    a kvroute router too."""
+    import psutil
+
+    port = int(url.rsplit(":", 1)[1])
+    for conn in psutil.net_connections("tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port \
+                and conn.pid:
+            return int(conn.pid)
+    raise AssertionError(f"nothing listens on port {port}")
 
 
 def counter(url: str, name: str) -> float:

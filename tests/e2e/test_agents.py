@@ -27,7 +27,8 @@ from deploy.config import IndexConfig, ModelConfig
 from tests.router.api.anthropic.test_normalize import claude_code_request, claude_code_tools
 from tests.stacks import deployed, redis_url, stack_config
 
-pytestmark = pytest.mark.slow
+# the same two mlx replicas and Redis as test_agents/test_mlx: one start for both
+pytestmark = [pytest.mark.slow, pytest.mark.stack("mlx-pair")]
 MODEL = "tiny-llama"
 TOOLS = [{"name": "Read", "description": "Read a file from the local filesystem.",
           "input_schema": {"type": "object", "required": ["file_path"],

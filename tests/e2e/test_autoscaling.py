@@ -22,7 +22,7 @@ import pytest
 from deploy.config.autoscale import AutoscalingConfig
 from tests.stacks import deployed, sim_model, stack_config
 
-pytestmark = [pytest.mark.slow, pytest.mark.autoscaling]
+pytestmark = [pytest.mark.slow, pytest.mark.autoscaling, pytest.mark.load]
 MODEL = "sim-auto"
 TTFT_MODEL = "sim-ttft"
 CONCURRENCY = 2  # = sim-ttft's target_ongoing_requests: the default's error ratio stays <= 1

@@ -25,7 +25,7 @@ from ops.bench.harness import report
 from ops.bench.harness.client import LoadSpec
 from ops.bench.harness.workloads import AgentParams
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.load]
 
 SMALL = AgentParams(system_tokens=400, tools=4, subagent_system_tokens=100, repo_tokens=300,
                     tool_result_tokens=200, reply_tokens=8, final_tokens=16, tool_time_s=0.05,

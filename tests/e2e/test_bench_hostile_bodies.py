@@ -19,8 +19,8 @@ import httpx
 import pytest
 
 from router.auth.keys import ApiKeyConfig, AuthConfig, hash_key
-from tests.router.hostile import PeakRss, hostile_tools_body, router_pid
-from tests.stacks import deployed, sim_model, stack_config
+from tests.router.hostile import PeakRss, hostile_tools_body
+from tests.stacks import deployed, listener_pid, sim_model, stack_config
 
 pytestmark = pytest.mark.slow
 MODEL = "sim-hostile"
@@ -98,14 +98,14 @@ def test_hostile_bodies_cost_and_stream_latency(stack: str) -> None:
     body = hostile_tools_body(MODEL, 8 << 20)
     _hostile(stack, json.dumps({"model": MODEL, "messages": [
         {"role": "user", "content": "warm"}]}).encode())
-    with PeakRss(router_pid()) as rss:
+    with PeakRss(listener_pid(stack)) as rss:  # the router replica: direct ingress
         status, took = _hostile(stack, body)
     print(f"\nHOSTILE one {len(body) / (1 << 20):.1f} MiB body of tools to count_tokens: "
           f"{status} after {took:.2f} s, router RSS +{rss.growth_mib:.0f} MiB")
     with _Streams(stack) as quiet:
         time.sleep(4.0)
     _report("baseline (no hostile body)", quiet)
-    with _Streams(stack) as loud, PeakRss(router_pid()) as rss:
+    with _Streams(stack) as loud, PeakRss(listener_pid(stack)) as rss:
         time.sleep(1.0)
         with ThreadPoolExecutor(4) as pool:
             results = list(pool.map(lambda _: _hostile(stack, body), range(4)))

@@ -26,7 +26,7 @@ from pytest_redis import factories
 from deploy.config import IndexConfig
 from tests.stacks import counter, deployed, redis_url, report_fault, sim_model, stack_config
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.load]
 MODEL = "sim-chaos"
 chaos_redis = factories.redis_proc(host="127.0.0.1", port=None)
 

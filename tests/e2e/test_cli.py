@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import free_port
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.load]  # `kvroute up` starts a Ray of its own
 
 
 def _collect(proc: subprocess.Popen[str], lines: queue.Queue[str]) -> None:

@@ -16,7 +16,8 @@ import redis
 from deploy.config import IndexConfig, ModelConfig
 from tests.stacks import deployed, redis_url, stack_config
 
-pytestmark = pytest.mark.slow
+# the same two mlx replicas and Redis as test_agents/test_mlx: one start for both
+pytestmark = [pytest.mark.slow, pytest.mark.stack("mlx-pair")]
 MODEL = "tiny-llama"
 
 

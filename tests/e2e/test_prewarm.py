@@ -25,7 +25,7 @@ from cache_service import RedisPrefixIndex, settings_of
 from deploy.config import AutoscalingConfig, IndexConfig
 from tests.stacks import counter, deployed, redis_url, sim_model, stack_config
 
-pytestmark = [pytest.mark.slow, pytest.mark.autoscaling]
+pytestmark = [pytest.mark.slow, pytest.mark.autoscaling, pytest.mark.load]
 MODEL = "sim-prewarm"
 SYSTEM = "You are a careful agent. " + " ".join(f"rule{i}" for i in range(400))
 

@@ -23,7 +23,7 @@ from deploy.serve.builder import ROUTER_DEPLOYMENT
 from tests.conftest import free_port
 from tests.stacks import deployed, sim_model
 
-pytestmark = [pytest.mark.slow, pytest.mark.autoscaling]
+pytestmark = [pytest.mark.slow, pytest.mark.autoscaling, pytest.mark.load]
 MODEL = "router-auto-sim"
 CLIENTS = 6  # streams open at once: 3x the routers' target
 
