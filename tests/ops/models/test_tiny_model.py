@@ -202,6 +202,7 @@ def test_mlx_generate(model_dir: Path) -> None:
     assert all(0 <= r.token < 4096 for r in responses)
 
 
+@pytest.mark.slow  # a real mlx prefill of ~3000 tokens: 20 s of CPU
 def test_mlx_long_prompt_prefill(model_dir: Path) -> None:
     """A ~3000-token prompt prefills past position 2048 (mlx-lm prefills 2048-token chunks)."""
     import mlx_lm
