@@ -15,6 +15,7 @@ the same as ``kvroute bench ARGS``). Options of a bench go after its name.
     kvroute bench lease-model --sessions 24 --kv-blocks 580
     kvroute bench prewarm --duration 100 --window 60 --rounds 1
     kvroute bench kv-disk --tokens 4096
+    kvroute bench failover --redis sentinel --concurrency 16 --duration 90 --out f.json
     kvroute bench micro index-cost 940 2400      (also pacing-cost, stream-cost,
                                                  client-guard-cost)
     kvroute bench peers                          (installs the peer routers: make peers)
@@ -57,6 +58,7 @@ BENCHES = (
     Bench("prewarm", "ops.bench.leases.prewarm",
           "a new replica's first minute with and without pre-warm"),
     Bench("kv-disk", "ops.bench.kv_disk", "mlx disk-tier reload vs re-prefill"),
+    Bench("failover", "ops.bench.failover", "Redis primary killed under load (Sentinel)"),
     Bench("peers", "ops.bench.compare.peers", "install the peer routers' venvs"),
 )
 MICRO = (
