@@ -84,17 +84,7 @@ def test_short_compare_on_sim(ray_local: None, serve_port: int, tiny_model_dir: 
     assert set(result["routers"]) == {"kvroute", "round-robin", "sglang-router", "smg",
                                       "vllm-router", "vllm-router-cache-aware", "dynamo"}
     for name, bench in result["routers"].items():
-        report.validate(bench)
-        assert bench["policy"] == name and bench["workload"] == "agent"
-        assert bench["requests"] > 0 and bench["errors"] == 0, (name, bench["params"])
-        assert bench["params"]["salt"] == name
-        assert all(r.ok for r in records[name])
-        assert bench["cpu_s_per_request"] > 0 and bench["cpu_s_by_process"], name
-        assert bench["replica_cpu_s_per_request"] > 0, name
-        assert set(bench["added_latency_s"]) >= {"p50", "p99", "router_p50", "direct_p50"}
-        assert len(bench["per_request"]["rows"]) == bench["requests"]  # ops.bench.harness.tail
-        if name not in ("kvroute", "dynamo"):
-            assert bench["params"]["router_flags"]["--policy"], name
+        check_router(name, bench, records[name])
     flags = result["routers"]["vllm-router"]["params"]
     assert flags["router_flags"]["--policy"] == "kv_aware"
     assert flags["router_cmd"].count("--kv-event-source") == 2  # both replicas' events
@@ -111,6 +101,21 @@ def test_short_compare_on_sim(ray_local: None, serve_port: int, tiny_model_dir: 
     assert len(started) == 6
     assert all(p.proc is not None and p.proc.poll() is not None for p in started)
     assert "| kvroute |" in report.markdown_compare(result)
+
+
+def check_router(name: str, bench: dict[str, Any], records: list[Any]) -> None:
+    """One router's run: a valid bench record, every request served, its CPU measured."""
+    report.validate(bench)
+    assert bench["policy"] == name and bench["workload"] == "agent"
+    assert bench["requests"] > 0 and bench["errors"] == 0, (name, bench["params"])
+    assert bench["params"]["salt"] == name
+    assert all(r.ok for r in records)
+    assert bench["cpu_s_per_request"] > 0 and bench["cpu_s_by_process"], name
+    assert bench["replica_cpu_s_per_request"] > 0, name
+    assert set(bench["added_latency_s"]) >= {"p50", "p99", "router_p50", "direct_p50"}
+    assert len(bench["per_request"]["rows"]) == bench["requests"]  # ops.bench.harness.tail
+    if name not in ("kvroute", "dynamo"):
+        assert bench["params"]["router_flags"]["--policy"], name
 
 
 def check_dynamo(bench: dict[str, Any], started: list[compare.Subprocess]) -> None:
