@@ -18,11 +18,27 @@ _OPENAI_TYPES = {
 }
 
 
+MAX_ECHO_CHARS = 200  # one client string quoted in an error message
+MAX_MESSAGE_CHARS = 2000  # a whole error message, whatever it quotes
+MAX_PARAM_CHARS = 200
+
+
+def clip(text: str, limit: int = MAX_ECHO_CHARS) -> str:
+    """A client's string as an error may quote it: at most ``limit`` characters (a model
+    name, a tool name or an id can be as long as the body allows)."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 class ApiError(Exception):
+    """An error reply. Its message and param are clipped (``clip``): a message that
+    quotes a client's string never echoes more than a bounded part of it."""
+
     def __init__(
         self, status: int, message: str, code: str | None = None, param: str | None = None,
         retry_after_s: float | None = None,
     ) -> None:
+        message = clip(message, MAX_MESSAGE_CHARS)
+        param = None if param is None else clip(param, MAX_PARAM_CHARS)
         super().__init__(message)
         self.status, self.message, self.code, self.param = status, message, code, param
         self.retry_after_s = retry_after_s

@@ -61,7 +61,8 @@ from router.api.anthropic.schema import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from router.errors import ApiError
+from router.api.common.limits import MAX_TEXT_CHARS, Expansion
+from router.errors import ApiError, clip
 from router.output.reasoning_parsers.controls import budget_effort, options, with_past_reasoning
 from router.prompt.template import ChatPrompt, place_system, strip_volatile
 from router.prompt.tokenizer import TemplateOptions
@@ -76,15 +77,19 @@ def system_text(system: str | list[TextBlock] | None) -> str | None:
     return "\n\n".join(t for t in texts if t.strip())
 
 
-def to_chat(req: CountTokensRequest, system_in_place: bool = True) -> ChatPrompt:
+def to_chat(req: CountTokensRequest, system_in_place: bool = True,
+            max_chars: int = MAX_TEXT_CHARS) -> ChatPrompt:
     """The template's input; ``system_in_place``: the template renders a later system
-    message where it stands (``ChatTokenizer.system_in_place``)."""
+    message where it stands (``ChatTokenizer.system_in_place``); ``max_chars``: the most
+    text ``tool_reference`` blocks may add (the target's ``max_prompt_chars``), checked
+    as each expands, before anything is rendered."""
     prompt = ChatPrompt(tools=template_tools(req.tools), options=_thinking(req))
     system = system_text(req.system)
     if system is not None:
         prompt.messages.append({"role": "system", "content": system})
     refs = _Refs(tools={t.name: _function(t) for t in req.tools or ()
-                        if t.input_schema is not None and t.type in (None, "custom")})
+                        if t.input_schema is not None and t.type in (None, "custom")},
+                 room=Expansion(max_chars))
     for i, msg in enumerate(req.messages):
         where = f"messages.{i}.content"
         if msg.role == "assistant":
@@ -118,8 +123,9 @@ def template_tools(tools: list[Tool] | None) -> list[dict[str, Any]] | None:
         if t.defer_loading:  # not in the prompt until a tool search names it
             continue
         if t.type not in (None, "custom") or t.input_schema is None:
-            raise ApiError(400, f"tools.{i}: server tool {t.type or t.name!r} is not supported; "
-                           "kvroute serves client tools (name, description, input_schema)",
+            raise ApiError(400, f"tools.{i}: server tool {clip(t.type or t.name)!r} is not "
+                           "supported; kvroute serves client tools (name, description, "
+                           "input_schema)",
                            "unsupported_tool", f"tools.{i}")
         out.append({"type": "function", "function": _function(t)})
     return out or None
@@ -139,7 +145,9 @@ class _Refs:
     every client tool, deferred ones included (for ``tool_reference`` blocks)."""
 
     tools: dict[str, dict[str, Any]]
+    room: Expansion
     calls: dict[str, str] = field(default_factory=dict)
+    expanded: dict[str, str] = field(default_factory=dict)  # each tool's JSON, made once
 
 
 def _blocks(msg: Message) -> list[Any]:
@@ -229,8 +237,14 @@ def _tool_message(block: ToolResultBlock, where: str, refs: _Refs) -> dict[str, 
 def _expand(part: ToolReferenceBlock, refs: _Refs, where: str) -> str:
     """A tool search's ``tool_reference``: the tool's definition, where the result stands
     (as Anthropic's API expands it), in the JSON the template's tool list uses."""
-    fn = refs.tools.get(part.tool_name)
-    if fn is None:
-        raise ApiError(400, f"{where}: tool_reference names {part.tool_name!r}, which is not "
-                       "among the request's tools", "invalid_request", f"{where}.tool_name")
-    return json.dumps({"type": "function", "function": fn}, ensure_ascii=False)
+    text = refs.expanded.get(part.tool_name)
+    if text is None:
+        fn = refs.tools.get(part.tool_name)
+        if fn is None:
+            raise ApiError(400, f"{where}: tool_reference names {clip(part.tool_name)!r}, "
+                           "which is not among the request's tools", "invalid_request",
+                           f"{where}.tool_name")
+        text = refs.expanded[part.tool_name] = json.dumps({"type": "function", "function": fn},
+                                                          ensure_ascii=False)
+    refs.room.add_chars(len(text), where)  # each copy counts: the prompt holds each one
+    return text

@@ -21,6 +21,18 @@ Either way the rendered prompt of turn N+1 must start with turn N's, so:
   assistant message before them as its ``tool_calls`` (arguments as mappings, as
   templates expect), and each output is a ``role: "tool"`` message naming its call.
 
+- Codex's sub-agent items: an ``agent_message`` is a user message, its text after a
+  line naming its author and recipient; its ``encrypted_content`` parts (sealed for
+  OpenAI's servers, which kvroute cannot read) are dropped, as reasoning's are. A
+  ``local_shell_call`` is a call of ``local_shell``. ``compaction`` /
+  ``compaction_summary`` (a sealed summary), ``ghost_snapshot`` and ``web_search_call``
+  have nothing to render and are dropped, so the rest renders the same on every turn.
+
+Bounded before rendering (``router.api.common.limits.Expansion``): a stored conversation's
+size against the text a prompt may hold, its messages with the new ones against the
+message cap, and every function a namespace or an ``additional_tools`` item holds against
+the tool cap.
+
 Refused with a 400 naming the field: images, files and audio (text-only models), an
 output whose ``call_id`` matches no earlier call, hosted tools kvroute cannot run.
 """
@@ -34,14 +46,17 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
+from router.api.common.limits import MAX_TEXT_CHARS, Expansion, check_messages
 from router.api.responses.schema import (
     AdditionalToolsItem,
+    AgentMessageItem,
     CustomToolCallItem,
     CustomToolCallOutputItem,
     FilePart,
     FunctionCallItem,
     FunctionCallOutputItem,
     ImagePart,
+    LocalShellCallItem,
     MessageItem,
     Part,
     ReasoningItem,
@@ -53,35 +68,44 @@ from router.api.responses.schema import (
     ToolSearchOutputItem,
 )
 from router.api.responses.tools import CUSTOM_INPUT, TOOL_SEARCH, ToolCatalog, template_name
-from router.errors import ApiError
+from router.errors import ApiError, clip
 from router.output.reasoning_parsers.controls import options, with_past_reasoning
 from router.prompt.template import ChatPrompt, place_system, strip_volatile
 
 _TOOLS = TypeAdapter(list[Tool])
+LOCAL_SHELL = "local_shell"  # OpenAI's hosted shell tool, as a call's name
 
 
 @dataclass
 class Conversation:
     """What a stored response keeps: template messages (no system prompt) and the raw
-    tools that came with items (``listed``: in the tool list; ``loaded``: in place)."""
+    tools that came with items (``listed``: in the tool list; ``loaded``: in place);
+    ``chars``: its size as stored (all its text, reasoning included)."""
 
     messages: list[dict[str, Any]] = field(default_factory=list)
     listed: list[dict[str, Any]] = field(default_factory=list)
     loaded: list[dict[str, Any]] = field(default_factory=list)
+    chars: int = 0
 
 
-def to_chat(req: ResponsesRequest, history: Conversation, system_in_place: bool
-            ) -> tuple[ChatPrompt, Conversation, ToolCatalog]:
-    """(the template's input, the conversation to store, the tools as offered)."""
+def to_chat(req: ResponsesRequest, history: Conversation, system_in_place: bool,
+            max_chars: int = MAX_TEXT_CHARS) -> tuple[ChatPrompt, Conversation, ToolCatalog]:
+    """(the template's input, the conversation to store, the tools as offered). The stored
+    conversation counts against ``max_chars`` (the target's ``max_prompt_chars``) and, with
+    the new items, against the message and tool caps, before anything is rendered."""
+    room = Expansion(max_chars)
+    room.add_chars(history.chars, "previous_response_id")
+    items = req.items()
+    check_messages(len(history.messages) + len(items), "input")
     conv = Conversation([dict(m) for m in history.messages], list(history.listed),
                         list(history.loaded))
-    catalog = ToolCatalog()
+    catalog = ToolCatalog(room=room)
     catalog.listed = catalog.add(req.tools or [], "tools")
     catalog.listed += catalog.add(_TOOLS.validate_python(conv.listed), "tools")
     catalog.add(_TOOLS.validate_python(conv.loaded), "tools")
     calls = {c["id"]: c["function"]["name"] for m in conv.messages
              for c in m.get("tool_calls", ())}
-    for i, item in enumerate(req.items()):
+    for i, item in enumerate(items):
         _append(conv, catalog, item, f"input.{i}", calls)
     messages = list(conv.messages)
     if req.instructions:
@@ -103,6 +127,10 @@ def _append(conv: Conversation, catalog: ToolCatalog, item: Any, where: str,
             conv.messages[-1]["content"] = text  # the answer after its reasoning
         else:
             conv.messages.append({"role": role, "content": text})
+    elif isinstance(item, AgentMessageItem):
+        conv.messages.append({"role": "user", "content": _agent_text(item, where)})
+    elif isinstance(item, LocalShellCallItem):
+        calls[_call(conv, item, where)] = LOCAL_SHELL
     elif isinstance(item, ReasoningItem) and (thought := item.text()):
         if _thinking_only(conv.messages):  # several reasoning items in a row: one turn
             thought = f"{conv.messages.pop()['reasoning_content']}\n\n{thought}"
@@ -147,15 +175,29 @@ def _more_tools(conv: Conversation, catalog: ToolCatalog, tools: list[Any], wher
                               "content": f"These tools can be called from now on:\n{text}"})
 
 
-def _call_name(item: FunctionCallItem | CustomToolCallItem | ToolSearchCallItem) -> str:
+def _agent_text(item: AgentMessageItem, where: str) -> str:
+    """The message's text after a line naming who sent it to whom (fixed words, so the
+    same item renders the same on every turn); sealed parts are left out."""
+    who = " ".join(x for x in (f"from {item.author}" if item.author else "",
+                               f"to {item.recipient}" if item.recipient else "") if x)
+    text = _text(item.content, f"{where}.content")
+    return f"Message {who}:\n{text}" if who else text
+
+
+def _call_name(item: FunctionCallItem | CustomToolCallItem | ToolSearchCallItem
+               | LocalShellCallItem) -> str:
     if isinstance(item, ToolSearchCallItem):
         return TOOL_SEARCH
+    if isinstance(item, LocalShellCallItem):
+        return LOCAL_SHELL
     return template_name(item.name, item.namespace)
 
 
 def _call(conv: Conversation, item: Any, where: str) -> str:
     if isinstance(item, CustomToolCallItem):
         args: Any = {CUSTOM_INPUT: item.input}
+    elif isinstance(item, LocalShellCallItem):
+        args = item.action
     elif isinstance(item, ToolSearchCallItem):
         args = item.arguments if isinstance(item.arguments, dict) else {}
     else:
@@ -175,7 +217,7 @@ def _call(conv: Conversation, item: Any, where: str) -> str:
 
 def _called(calls: dict[str, str], call_id: str, where: str) -> str:
     if call_id not in calls:
-        raise ApiError(400, f"{where}.call_id: no call with call_id {call_id!r} comes before "
+        raise ApiError(400, f"{where}.call_id: no call with call_id {clip(call_id)!r} comes before "
                        "this output", "invalid_request", f"{where}.call_id")
     return calls[call_id]
 

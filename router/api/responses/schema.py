@@ -11,7 +11,7 @@ parse so the error can say why they are refused (text-only models,
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     BaseModel,
@@ -26,6 +26,7 @@ from pydantic import (
 from router.api.common.limits import (
     MAX_BLOCKS,
     MAX_DESCRIPTION_CHARS,
+    MAX_ID_CHARS,
     MAX_MESSAGES,
     MAX_TEXT_CHARS,
     MAX_TOOLS,
@@ -111,7 +112,16 @@ class FilePart(_Lenient):
     type: Literal["input_file", "input_audio"]
 
 
-Part = Annotated[TextPart | RefusalPart | ImagePart | FilePart, Field(discriminator="type")]
+class EncryptedPart(_Lenient):
+    """Content sealed for OpenAI's servers (Codex's sub-agent messages carry one): kvroute
+    cannot read it, so it is dropped, as a reasoning item's ``encrypted_content`` is."""
+
+    type: Literal["encrypted_content"]
+    encrypted_content: str | None = Field(None, max_length=MAX_TEXT_CHARS)
+
+
+Part = Annotated[TextPart | RefusalPart | ImagePart | FilePart | EncryptedPart,
+                 Field(discriminator="type")]
 
 
 class MessageItem(_Lenient):
@@ -119,6 +129,35 @@ class MessageItem(_Lenient):
     role: Literal["user", "assistant", "system", "developer"]
     content: (Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
               | Annotated[list[Part], Field(max_length=MAX_BLOCKS)])
+
+
+class AgentMessageItem(_Lenient):
+    """A message between Codex agents (``collaboration.spawn_agent``: the parent's task
+    to a child, a child's report): rendered as a user message naming its author."""
+
+    type: Literal["agent_message"]
+    author: str | None = Field(None, max_length=MAX_ID_CHARS)
+    recipient: str | None = Field(None, max_length=MAX_ID_CHARS)
+    content: (Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
+              | Annotated[list[Part], Field(max_length=MAX_BLOCKS)]) = ""
+
+
+class OpaqueItem(_Lenient):
+    """Items with nothing kvroute can render: a compaction's sealed summary
+    (``compaction``, ``compaction_summary``), Codex's ``ghost_snapshot`` (a git snapshot
+    for undo) and ``web_search_call`` (a search OpenAI ran). Accepted and dropped."""
+
+    type: Literal["compaction", "compaction_summary", "ghost_snapshot", "web_search_call"]
+    encrypted_content: str | None = Field(None, max_length=MAX_TEXT_CHARS)
+
+
+class LocalShellCallItem(_Lenient):
+    """A call of OpenAI's ``local_shell`` tool in a conversation another server began; its
+    output comes as a ``function_call_output`` with the same ``call_id``."""
+
+    type: Literal["local_shell_call"]
+    call_id: str | None = Field(None, max_length=MAX_ID_CHARS)
+    action: dict[str, Any] = Field(default_factory=dict)
 
 
 class _Call(_Lenient):
@@ -199,12 +238,15 @@ class ReasoningConfig(_Lenient):
     summary: str | None = None  # accepted; kvroute returns the reasoning, not a summary
 
 
+_OPAQUE = frozenset(get_args(OpaqueItem.model_fields["type"].annotation))  # one tag for all
+
+
 def _item_type(value: Any) -> str:
     """The item's tag; bracketed, so a 400 names ``input.N.field``, not the tag (the
     error path drops union labels, ``router.api.common.request``)."""
     kind = value.get("type", "message") if isinstance(value, dict) \
         else getattr(value, "type", "message")
-    return f"[{kind}]"
+    return "[opaque]" if kind in _OPAQUE else f"[{kind}]"
 
 
 InputItem = Annotated[
@@ -216,7 +258,10 @@ InputItem = Annotated[
     | Annotated[AdditionalToolsItem, Tag("[additional_tools]")]
     | Annotated[ToolSearchCallItem, Tag("[tool_search_call]")]
     | Annotated[ToolSearchOutputItem, Tag("[tool_search_output]")]
-    | Annotated[ReasoningItem, Tag("[reasoning]")],
+    | Annotated[ReasoningItem, Tag("[reasoning]")]
+    | Annotated[AgentMessageItem, Tag("[agent_message]")]
+    | Annotated[LocalShellCallItem, Tag("[local_shell_call]")]
+    | Annotated[OpaqueItem, Tag("[opaque]")],
     Discriminator(_item_type),
 ]
 
@@ -238,7 +283,7 @@ class TextFormat(_Lenient):
 
     @model_validator(mode="after")
     def _check(self) -> TextFormat:
-        try:  # the chat API's rules (a strict json_schema is refused) at parse time
+        try:  # the chat API's rules at parse time
             self.as_response_format()
         except ValidationError as e:
             raise ValueError(e.errors()[0]["msg"].removeprefix("Value error, ")) from None

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from router.api.common.limits import MAX_TEXT_CHARS, Expansion
 from router.api.responses.schema import (
     CustomTool,
     FunctionTool,
@@ -56,6 +57,7 @@ class ToolCatalog:
 
     refs: dict[str, ToolRef] = field(default_factory=dict)
     listed: list[dict[str, Any]] = field(default_factory=list)
+    room: Expansion = field(default_factory=lambda: Expansion(MAX_TEXT_CHARS))
 
     def add(self, tools: list[Tool], where: str) -> list[dict[str, Any]]:
         """Register ``tools``; their template functions (not yet listed)."""
@@ -73,6 +75,7 @@ class ToolCatalog:
                     for f in self._one(inner, f"{where}.tools.{j}", tool.name)]
         if isinstance(tool, WebSearchTool):
             return []
+        self.room.add_tools(1, where)  # each function the template would list, counted
         if isinstance(tool, FunctionTool):
             ref = ToolRef("function", tool.name, namespace)
             params = tool.parameters or {"type": "object", "properties": {}}
