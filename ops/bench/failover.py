@@ -183,7 +183,8 @@ def result(records: list[Record], times: KillTimes, args: argparse.Namespace,
     params = {"command": command_line("failover"), "redis": args.redis,
               "router_replicas": args.router_replicas, "concurrency": args.concurrency,
               "duration_s": args.duration, "kill_at_s": args.kill_at, "wall_s": round(wall_s, 1),
-              "backoff_s": args.backoff, "windows": asdict(windows)}
+              "backoff_s": args.backoff,
+              "windows": {k: [round(x, 2) for x in v] for k, v in asdict(windows).items()}}
     bench = report.bench_json(records, workload="agent", policy="kvroute",
                               replicas=args.replicas, params=params)
     return {**bench, "promotion_s": round(times.promotion_s - times.kill_s, 3),
