@@ -26,6 +26,12 @@ class Target:
     tokenizer: ChatTokenizer  # shared by every member (checked when the config loads)
     window: int  # the largest member's context window
     default_max_tokens: int  # the smallest member's default output limit
+    bytes_per_token: int = 32  # server.body_bytes_per_token: the most text one token holds
+
+    @property
+    def max_prompt_chars(self) -> int:
+        """The most characters of text a prompt can hold and still fit the window."""
+        return self.window * self.bytes_per_token
 
     @property
     def label(self) -> str:
@@ -54,7 +60,8 @@ class Targets:
         members = [self.models[m] for m in weights]
         return Target(name, weights, members[0], self.tokenizers[members[0].name],
                       max(m.context_window for m in members),
-                      min(m.default_max_tokens for m in members))
+                      min(m.default_max_tokens for m in members),
+                      self.config.server.body_bytes_per_token)
 
     def windows(self) -> dict[str, int]:
         """Each model's and group's context window; a group's is its smallest member's,

@@ -12,7 +12,7 @@ Choices (see docs/api.md):
   prompt + ``max_tokens`` overflow the model's context it is cut down to fit
   (Claude Code asks for 32000 on every turn), and a reply that hits the cut
   stops with ``model_context_window_exceeded``. A prompt that alone fills the
-  context is a 413 ``prompt is too long: N tokens > M maximum``, before any worker.
+  context is a 400 ``prompt is too long: N tokens > M maximum``, before any worker.
 - ``temperature`` defaults to 1.0 (Anthropic's default); ``top_k`` is accepted
   and not applied. ``thinking`` (and ``output_config.effort``) go to thinking
   templates (``router.output.reasoning_parsers.controls``); the model's reasoning comes back
@@ -42,6 +42,7 @@ from router.api.common.flow import SessionHint, Spec, Turn, prepare, serve
 from router.api.common.reply import Reply
 from router.core import RouterCore
 from router.dispatch.generation import Generation
+from router.errors import ApiError
 from router.output import reasoning_parsers as rp
 from router.output import tool_calls as tc
 from router.prompt.template import ChatPrompt
@@ -56,10 +57,14 @@ class MessagesSpec(Spec[MessagesRequest, None]):
 
     schema = MessagesRequest
     id_prefix = "msg"
-    cut_to_fit = True  # max_tokens is an upper bound
+
+    def too_long(self, overflow: rq.Overflow) -> ApiError:
+        at_least = "at least " if overflow.at_least else ""  # counted from its text
+        return ApiError(400, f"prompt is too long: {at_least}{overflow.tokens} tokens > "
+                        f"{overflow.window - 1} maximum", "context_length_exceeded", "messages")
 
     def normalize(self, req: CountTokensRequest, target: Target, kept: None) -> ChatPrompt:
-        return to_chat(req, target.tokenizer.system_in_place)
+        return to_chat(req, target.tokenizer.system_in_place, target.max_prompt_chars)
 
     def output_limit(self, req: MessagesRequest) -> int | None:
         return req.max_tokens
@@ -101,9 +106,13 @@ async def messages(core: RouterCore, request: Request) -> Response:
 
 
 async def count_tokens(core: RouterCore, request: Request) -> Response:
-    """The prompt's length as ``/v1/messages`` would send it (admitted, rate-limited like
-    any request: one per call)."""
+    """The prompt's length as ``/v1/messages`` would send it: bounded and checked against
+    the window as ``/v1/messages`` is, and charged like any request (one request at
+    admission, then its prompt's tokens: counting costs the tokenizer what serving does)."""
     prepared = await prepare(core, request, COUNT)
+    rq.output_budget(prepared.target, len(prepared.ids), None, COUNT.too_long)
+    if prepared.key is not None:
+        await core.limiter.admit(prepared.key, len(prepared.ids), request=False)
     return JSONResponse({"input_tokens": len(prepared.ids)})
 
 

@@ -7,14 +7,15 @@ Every front end runs the same setup, in this order, once:
 3. recall: what the API keeps between requests (the Responses store), if anything;
 4. target: the model name resolved once (``RouterCore.target``; 404);
 5. normalise and encode: the API's request → ``ChatPrompt`` → template + tokenize;
-6. budget: the output limit against the context window (413, or cut to fit);
+6. budget: the output limit against the context window (cut to fit; a prompt that alone
+   fills it is a 400 ``context_length_exceeded``, also checked from its text before step 5);
 7. sampling, the request id and the session key;
 8. route: ``RouterCore.generate``;
 9. reply: the API's ``Reply``, whole or streamed, with the routing headers.
 
-An API is a ``Spec`` over it: its schema, its normaliser, its output limit and cut-to-fit
-rule, its sampling defaults, its session hint, its tool-call and reasoning rules and its
-reply. ``prepare`` is steps 1-5 alone (``/v1/messages/count_tokens``).
+An API is a ``Spec`` over it: its schema, its normaliser, its output limit and its
+overflow error, its sampling defaults, its session hint, its tool-call and reasoning rules
+and its reply. ``prepare`` is steps 1-5 alone (``/v1/messages/count_tokens``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from router.api.common.reply import Reply
 from router.auth.keys import ApiKeyConfig
 from router.core import RouterCore
 from router.dispatch.generation import Generation
+from router.errors import ApiError
 from router.output import reasoning_parsers as rp
 from router.prompt.template import ChatPrompt
 from router.routing.target import Target
@@ -68,6 +70,7 @@ class Turn(Generic[R, X]):
     rid: str
     bound: bool  # the output limit was cut to fit the context
     gen: Generation
+    budget: int = 0  # the output limit used (``bound``: the room the prompt left)
 
 
 class Spec(Generic[R, X]):
@@ -75,10 +78,11 @@ class Spec(Generic[R, X]):
 
     schema: type[R]
     id_prefix: str = "req"
-    cut_to_fit = False  # over the window: cut the output limit (Anthropic) or a 413
+    prompt_param = "messages"  # the field a prompt over the window is blamed on
 
-    async def recall(self, req: R) -> X:
-        """What the API keeps between requests, for this one (None: nothing kept)."""
+    async def recall(self, req: R, key: ApiKeyConfig | None) -> X:
+        """What the API keeps between requests, for this one and its key (None: nothing
+        kept)."""
         return cast(X, None)
 
     def normalize(self, req: R, target: Target, kept: X) -> ChatPrompt:
@@ -86,7 +90,12 @@ class Spec(Generic[R, X]):
 
     async def encode(self, req: R, target: Target, kept: X) -> tuple[ChatPrompt | None, list[int]]:
         prompt = self.normalize(req, target, kept)
+        rq.check_text_fits(target, rq.text_chars(prompt), self.too_long)
         return prompt, await rq.encode_prompt(target.tokenizer, prompt)
+
+    def too_long(self, overflow: rq.Overflow) -> ApiError:
+        """The API's 400 for a prompt that alone fills the window (OpenAI's shape)."""
+        return rq.too_long(overflow, self.prompt_param)
 
     def output_limit(self, req: R) -> int | None:
         raise NotImplementedError
@@ -120,7 +129,7 @@ async def prepare(core: RouterCore, request: Request, spec: Spec[R, X]) -> Prepa
     """Steps 1-5: admitted, parsed, resolved, templated and tokenized."""
     key = await core.admit(request.headers)  # 401 / 429 before reading the body
     req = await rq.parse_body(request, spec.schema, rq.body_limits(core))
-    kept = await spec.recall(req)
+    kept = await spec.recall(req, key)
     target = core.target(req.model)  # type: ignore[attr-defined]  # every schema has it
     prompt, ids = await spec.encode(req, target, kept)
     return Prepared(key, req, target, prompt, ids, kept)
@@ -131,7 +140,7 @@ async def serve(core: RouterCore, request: Request, spec: Spec[R, X]) -> Respons
     p = await prepare(core, request, spec)
     req = p.req
     budget, bound = rq.output_budget(p.target, len(p.ids), spec.output_limit(req),
-                                     spec.cut_to_fit)
+                                     spec.too_long)
     rid = rq.request_id(spec.id_prefix)
     hint = spec.session_hint(req)
     session = session_key(request.headers, prompt_cache_key=hint.prompt_cache_key,
@@ -139,10 +148,11 @@ async def serve(core: RouterCore, request: Request, spec: Spec[R, X]) -> Respons
     gen = await core.generate(p.target, p.ids, spec.sampling(req, budget), rid,
                               rq.forwarded_headers(request), session, api_key=p.key,
                               has_tools=spec.has_tools(req))
-    turn = Turn(p, rid, bound, gen)
+    turn = Turn(p, rid, bound, gen, budget)
     try:
         reply = spec.reply(turn)
-        headers = {**rq.routing_headers(core, gen), **spec.headers(turn)}
+        headers = {**rq.routing_headers(core, gen), **rq.budget_headers(turn.bound, budget),
+                   **spec.headers(turn)}
     except BaseException:  # no reply will close it: end the worker's generation here
         gen.close()
         raise

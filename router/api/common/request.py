@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -156,6 +156,14 @@ def routing_headers(core: RouterCore, gen: Generation) -> dict[str, str]:
     return out
 
 
+MAX_TOKENS_CUT = "x-kvroute-max-tokens-cut"
+
+
+def budget_headers(cut: bool, budget: int) -> dict[str, str]:
+    """Say that the client's output limit was cut to fit the window, and to what."""
+    return {MAX_TOKENS_CUT: str(budget)} if cut else {}
+
+
 async def encode_prompt(tok: ChatTokenizer, prompt: ChatPrompt) -> list[int]:
     """Render the chat template and tokenize, once, in the tokenize pool (off the event
     loop; only the new part of a growing prompt is tokenized, ``router.prompt.cache``); a
@@ -168,24 +176,54 @@ async def encode_prompt(tok: ChatTokenizer, prompt: ChatPrompt) -> list[int]:
         raise ApiError(400, str(e), "invalid_messages", "messages") from None
 
 
+@dataclass(frozen=True, slots=True)
+class Overflow:
+    """A prompt that alone fills the context window: ``tokens`` counted (or, ``at_least``,
+    a lower bound from its text before tokenizing) against ``window``."""
+
+    tokens: int
+    window: int
+    at_least: bool = False
+
+
+def too_long(o: Overflow, param: str = "messages") -> ApiError:
+    """OpenAI's and vLLM's answer to a prompt over the window: a 400 (not a 413, which is
+    for bodies over the byte limit)."""
+    counted = f"at least {o.tokens}" if o.at_least else str(o.tokens)
+    return ApiError(400, f"This model's maximum context length is {o.window} tokens. However, "
+                    f"your prompt has {counted} tokens. Please reduce the length of the "
+                    "prompt.", "context_length_exceeded", param)
+
+
+def text_chars(prompt: ChatPrompt) -> int:
+    """The characters of text in a prompt's messages (the template and tools only add)."""
+    return len(prompt.prefill or "") + sum(
+        len(c) for m in prompt.messages if isinstance(c := m.get("content"), str))
+
+
 def output_budget(target: Target, prompt_len: int, limit: int | None,
-                  cut_to_fit: bool = False) -> tuple[int, bool]:
+                  overflow: Callable[[Overflow], ApiError] = too_long) -> tuple[int, bool]:
     """(the max_tokens to use, whether ``limit`` was cut to fit the context): the one
-    context-window check of every API. A group's largest window counts; no ``limit``: the
-    models' default, capped by the room left. Over the window: a 413, unless ``cut_to_fit``
-    (Anthropic's max_tokens is an upper bound) and the prompt alone fits."""
-    window = target.window
-    room = window - prompt_len
-    if cut_to_fit and room > 0 and limit is not None:
-        return min(limit, room), limit > room
-    if cut_to_fit and room <= 0:
-        raise ApiError(413, f"prompt is too long: {prompt_len} tokens > {window - 1} maximum",
-                       "context_length_exceeded", "messages")
-    if room <= 0 or (limit is not None and limit > room):
-        raise ApiError(413, f"prompt ({prompt_len} tokens) plus max_tokens ({limit}) exceed "
-                       f"the context window of {target.name} ({window})",
-                       "context_length_exceeded", "messages")
-    return (limit or min(target.default_max_tokens, room)), False
+    context-window check of every API. A group's largest window counts. The limit is an
+    upper bound on every API (Qwen Code asks for 32000 on any model): over the room the
+    prompt leaves, it is cut to that room. No ``limit``: the models' default, capped by the
+    room. A prompt that alone fills the window is ``overflow``'s 400."""
+    room = target.window - prompt_len
+    if room <= 0:
+        raise overflow(Overflow(prompt_len, target.window))
+    if limit is None:
+        return min(target.default_max_tokens, room), False
+    return min(limit, room), limit > room
+
+
+def check_text_fits(target: Target, chars: int,
+                    overflow: Callable[[Overflow], ApiError] = too_long) -> None:
+    """The cheap bound before the template and the tokenizer run: a prompt of ``chars``
+    characters of text holds at least ``chars / bytes_per_token`` tokens, so one over
+    ``target.max_prompt_chars`` cannot fit, whatever its tokens."""
+    if chars > target.max_prompt_chars:
+        raise overflow(Overflow(-(-chars // target.bytes_per_token), target.window,
+                                at_least=True))
 
 
 def sampling(max_tokens: int, temperature: float | None, top_p: float | None,

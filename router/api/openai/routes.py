@@ -11,7 +11,8 @@ in the model family's format (``router.output.tool_calls``); ``tool_choice`` val
 ``"required"`` and a named function are accepted but not enforced (decoding is
 not constrained), and ``parallel_tool_calls: false`` keeps the first call.
 ``response_format`` adds an instruction to the system message (see
-``router.api.openai.schema``). A thinking model's reasoning is parsed first
+``router.api.openai.schema``; a strict schema is not enforced and its reply says so in a
+header). A thinking model's reasoning is parsed first
 (``router.output.reasoning_parsers``) and returned as ``reasoning_content``; the tool-call
 parser reads the answer after it; ``reasoning_effort`` goes to the template. A client
 that disconnects aborts the generation.
@@ -88,6 +89,10 @@ class ChatSpec(_Sampled):
     def has_tools(self, req: ChatCompletionRequest) -> bool:
         return bool(req.tools)
 
+    def headers(self, turn: Turn[ChatCompletionRequest, None]) -> dict[str, str]:
+        fmt = turn.p.req.response_format
+        return fmt.not_enforced() if fmt else {}
+
     def tool_parser(self, p: Prepared[ChatCompletionRequest, None]) -> tc.ToolParser | None:
         if not p.req.parses_tools() or p.prompt is None:
             return None
@@ -99,15 +104,17 @@ class CompletionSpec(_Sampled):
 
     schema = CompletionRequest
     id_prefix = "cmpl"
+    prompt_param = "prompt"
 
     async def encode(self, req: CompletionRequest, target: Target, kept: None
                      ) -> tuple[ChatPrompt | None, list[int]]:
         tok = target.tokenizer
         if isinstance(req.prompt, str):
+            rq.check_text_fits(target, len(req.prompt), self.too_long)
             ids = await tok.aencode(req.prompt)
         else:
             ids = list(req.prompt)
-            rq.output_budget(target, len(ids), req.output_limit())  # 413 before the scan
+            rq.output_budget(target, len(ids), None, self.too_long)  # 400 before the scan
             if any(t < 0 or t >= tok.vocab_size for t in ids):
                 raise ApiError(400, f"prompt token ids must lie in [0, {tok.vocab_size})",
                                "invalid_token_ids", "prompt")

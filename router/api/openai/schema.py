@@ -3,10 +3,11 @@
 Unknown top-level fields are ignored, as OpenAI-compatible servers commonly do,
 so newer SDKs keep working; known fields are checked strictly.
 
-``response_format``: the engines cannot constrain decoding, so ``json_object``
-and a non-strict ``json_schema`` are passed to the model as an instruction only
-(``instruction()``), and a ``json_schema`` with ``strict: true`` (which promises
-conformance) is refused with a 400 (see ``ResponseFormat``).
+``response_format``: the engines cannot constrain decoding yet, so ``json_object``
+and ``json_schema`` are passed to the model as an instruction only (``instruction()``).
+A ``json_schema`` with ``strict: true`` (which promises conformance) is served the same
+way, and its reply says so in the ``x-kvroute-schema-not-enforced`` header
+(``ResponseFormat.not_enforced``): the Codex TUI sends one for every new thread's title.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from router.prompt.tokenizer import TemplateOptions
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # seed: engines seed 64-bit generators
 MAX_STOP_CHARS = 512  # stop matching costs grow with the length
+SCHEMA_NOT_ENFORCED = "x-kvroute-schema-not-enforced"  # value: the strict schema's name
 
 
 class _Lenient(BaseModel):
@@ -155,14 +157,15 @@ class ResponseFormat(_Lenient):
 
     @model_validator(mode="after")
     def _check(self) -> ResponseFormat:
-        if self.type == "json_schema":
-            if self.json_schema is None:
-                raise ValueError("json_schema is required when type is 'json_schema'")
-            if self.json_schema.strict:
-                raise ValueError("strict json_schema needs constrained decoding, which "
-                                 "kvroute's engines do not do; send strict: false to pass "
-                                 "the schema as an instruction, or use json_object")
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("json_schema is required when type is 'json_schema'")
         return self
+
+    def not_enforced(self) -> dict[str, str]:
+        """The header of a reply to a strict schema, which decoding does not enforce."""
+        if self.type == "json_schema" and self.json_schema and self.json_schema.strict:
+            return {SCHEMA_NOT_ENFORCED: self.json_schema.name}
+        return {}
 
     def instruction(self) -> str | None:
         """The instruction this format adds to the system message (None for text)."""

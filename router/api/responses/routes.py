@@ -10,12 +10,12 @@ as SSE events (``ResponseReply`` over ``router.api.responses.encode.Output``) â†
 (``ResponseReply.done``, ``router.api.responses.store``).
 
 ``store: false`` (what Codex sends, with the whole conversation every turn) keeps
-nothing. ``max_output_tokens`` is checked against the context window like chat's
-``max_tokens`` (413 when it cannot fit). ``reasoning.effort`` goes to thinking
-templates and the model's reasoning comes back as ``reasoning`` items
-(``router.output.reasoning_parsers``); ``reasoning.summary``, ``text.verbosity``, ``include``
-and ``service_tier`` are accepted and have no effect. A client that disconnects
-closes the generation, which aborts it on the worker.
+nothing. ``max_output_tokens`` is cut to fit the context window like chat's
+``max_tokens`` (``x-kvroute-max-tokens-cut``; a 400 when the input alone cannot fit).
+``reasoning.effort`` goes to thinking templates and the model's reasoning comes back as
+``reasoning`` items (``router.output.reasoning_parsers``); ``reasoning.summary``,
+``text.verbosity``, ``include`` and ``service_tier`` are accepted and have no effect. A
+client that disconnects closes the generation, which aborts it on the worker.
 """
 
 from __future__ import annotations
@@ -34,9 +34,10 @@ from router.api.responses.normalize import Conversation, to_chat
 from router.api.responses.schema import ResponsesRequest
 from router.api.responses.store import ResponseStore, StoredResponse
 from router.api.responses.tools import ToolCatalog
+from router.auth.keys import ApiKeyConfig
 from router.core import RouterCore
 from router.dispatch.generation import Generation
-from router.errors import ApiError
+from router.errors import ApiError, clip
 from router.output import reasoning_parsers as rp
 from router.output import tool_calls as tc
 from router.prompt.template import ChatPrompt
@@ -50,6 +51,7 @@ class Kept:
     continues, then (normalised) the conversation to store and the tools as offered."""
 
     history: Conversation
+    owner: str | None = None  # the key's name: only it may continue what this stores
     conversation: Conversation = field(default_factory=Conversation)
     catalog: ToolCatalog = field(default_factory=ToolCatalog)
 
@@ -59,16 +61,21 @@ class ResponsesSpec(Spec[ResponsesRequest, Kept]):
 
     schema = ResponsesRequest
     id_prefix = "resp"
+    prompt_param = "input"
 
     def __init__(self, store: ResponseStore) -> None:
         self.store = store
 
-    async def recall(self, req: ResponsesRequest) -> Kept:
-        return Kept(await _history(self.store, req))
+    async def recall(self, req: ResponsesRequest, key: ApiKeyConfig | None) -> Kept:
+        owner = key.name if key is not None else None
+        return Kept(await _history(self.store, req, owner), owner)
 
     def normalize(self, req: ResponsesRequest, target: Target, kept: Kept) -> ChatPrompt:
-        prompt, kept.conversation, kept.catalog = to_chat(req, kept.history,
-                                                          target.tokenizer.system_in_place)
+        # a stored conversation may be as large as one body could carry (its reasoning
+        # included, which the text check before rendering does not count)
+        prompt, kept.conversation, kept.catalog = to_chat(
+            req, kept.history, target.tokenizer.system_in_place,
+            target.max_prompt_chars + rq.WINDOW_SLACK_BYTES)
         return prompt
 
     def output_limit(self, req: ResponsesRequest) -> int | None:
@@ -83,6 +90,10 @@ class ResponsesSpec(Spec[ResponsesRequest, Kept]):
     def has_tools(self, req: ResponsesRequest) -> bool:
         return bool(req.tools)
 
+    def headers(self, turn: Turn[ResponsesRequest, Kept]) -> dict[str, str]:
+        fmt = turn.p.req.text.format if turn.p.req.text else None
+        return fmt.as_response_format().not_enforced() if fmt else {}
+
     def streams(self, req: ResponsesRequest) -> bool:
         return req.stream
 
@@ -94,22 +105,27 @@ class ResponsesSpec(Spec[ResponsesRequest, Kept]):
         out = Output(p.req, new_id("resp"), kept.catalog,
                      single_call=p.req.parallel_tool_calls is False)
         return ResponseReply(turn.gen, out, parser, self.reasoner(p),
-                             self.store if p.req.store else None, kept.conversation)
+                             self.store if p.req.store else None, kept.conversation,
+                             kept.owner)
 
 
 async def create(core: RouterCore, store: ResponseStore, request: Request) -> Response:
     return await serve(core, request, ResponsesSpec(store))
 
 
-async def _history(store: ResponseStore, req: ResponsesRequest) -> Conversation:
+async def _history(store: ResponseStore, req: ResponsesRequest, owner: str | None
+                   ) -> Conversation:
+    """The stored conversation ``req`` continues; another key's is not found, word for word
+    as an unknown id is."""
     if req.previous_response_id is None:
         return Conversation()
-    stored = await store.get(req.previous_response_id)
+    stored = await store.get(req.previous_response_id, owner)
     if stored is None:
-        raise ApiError(404, f"previous response {req.previous_response_id!r} not found (unknown "
-                       "or expired, or created with store: false)", "response_not_found",
-                       "previous_response_id")
-    return Conversation(stored.messages, stored.listed_tools, stored.loaded_tools)
+        raise ApiError(404, f"previous response {clip(req.previous_response_id)!r} not found "
+                       "(unknown or expired, or created with store: false)",
+                       "response_not_found", "previous_response_id")
+    return Conversation(stored.messages, stored.listed_tools, stored.loaded_tools,
+                        stored.raw_bytes)
 
 
 class ResponseReply(Reply):
@@ -117,9 +133,10 @@ class ResponseReply(Reply):
 
     def __init__(self, gen: Generation, out: Output, parser: tc.ToolParser | None,
                  reasoner: rp.ReasoningParser | None, store: ResponseStore | None,
-                 conversation: Conversation) -> None:
+                 conversation: Conversation, owner: str | None = None) -> None:
         super().__init__(gen, out, parser, reasoner, out.id)
         self.out, self.store, self.conversation = out, store, conversation
+        self.owner = owner
 
     def start(self) -> bytes:
         return self.out.start()
@@ -141,4 +158,4 @@ class ResponseReply(Reply):
         conv, tail = self.conversation, self.out.conversation_tail()
         messages = [*conv.messages, *([tail] if tail else [])]
         await self.store.put(self.out.id, StoredResponse(self.out.req.model, messages,
-                                                         conv.listed, conv.loaded))
+                                                         conv.listed, conv.loaded, self.owner))

@@ -233,17 +233,17 @@ def test_openai_response_format(tiny_model_dir: Path) -> None:
     )
     assert core.prompt_text().startswith("<|im_start|>system\nsys\n\nRespond with a single")
     assert '"integer"' in core.prompt_text()
-    with pytest.raises(openai.BadRequestError, match="constrained decoding"):
-        client.chat.completions.create(
-            model="tiny", messages=[{"role": "user", "content": "x"}],
-            response_format={"type": "json_schema",
-                             "json_schema": {"name": "A", "schema": schema, "strict": True}},
-        )
+    client.chat.completions.create(  # strict: served as an instruction, not enforced
+        model="tiny", messages=[{"role": "user", "content": "x"}],
+        response_format={"type": "json_schema",
+                         "json_schema": {"name": "A", "schema": schema, "strict": True}},
+    )
+    assert core.prompt_text().startswith("<|im_start|>system\nRespond with a single")
 
 
 def test_token_id_prompts_meet_the_window_before_their_ids_are_scanned(
         tiny_model_dir: Path) -> None:
-    """An over-long token-id prompt is a 413 from its length alone,
+    """An over-long token-id prompt is a 400 from its length alone,
     before every id is range-checked (the last id here is out of range)."""
     import asyncio
 
@@ -256,9 +256,9 @@ def test_token_id_prompts_meet_the_window_before_their_ids_are_scanned(
     try:
         asyncio.run(openai_routes.completions(core, req))  # type: ignore[arg-type]
     except ApiError as e:
-        assert (e.status, e.code) == (413, "context_length_exceeded")
+        assert (e.status, e.code) == (400, "context_length_exceeded")
     else:
-        raise AssertionError("no 413")
+        raise AssertionError("no 400")
 
 
 def test_tool_parser_is_checked_at_config_load_and_overrides_detection(

@@ -348,7 +348,7 @@ BAD: list[tuple[bytes | dict[str, Any], int, str]] = [
     ({"model": "claude-sonnet-4-5", "max_tokens": 5,
       "messages": [{"role": "user", "content": "x"}]}, 404, "not_found_error"),
     ({"model": "tiny", "max_tokens": 5,
-      "messages": [{"role": "user", "content": "word " * 5000}]}, 413, "request_too_large"),
+      "messages": [{"role": "user", "content": "word " * 5000}]}, 400, "invalid_request_error"),
 ]
 
 
@@ -374,7 +374,7 @@ def test_prompt_too_long_message_and_no_replica(tiny_model_dir: Path) -> None:
     core = FakeCore(tiny_model_dir, context_window=64)
     with pytest.raises(anthropic.APIStatusError) as err:
         _create(core, messages=[{"role": "user", "content": "word " * 200}])
-    assert err.value.status_code == 413 and "prompt is too long" in str(err.value)
+    assert err.value.status_code == 400 and "prompt is too long" in str(err.value)
     core = FakeCore(tiny_model_dir, Script(error=ApiError(503, "no replica", "no_replica")))
     with pytest.raises(anthropic.InternalServerError) as err2:
         _create(core)

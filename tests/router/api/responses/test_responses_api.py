@@ -231,4 +231,4 @@ def test_text_format_json_schema_becomes_an_instruction(tiny_model_dir: Path) ->
     _post(core, {"input": "x", "text": {"format": fmt}})
     assert "conforming to this JSON schema (answer)" in core.prompt_text()
     strict = _post(core, {"input": "x", "text": {"format": {**fmt, "strict": True}}})
-    assert strict.status_code == 400
+    assert strict.status_code == 200  # served, with a header saying it was not enforced
