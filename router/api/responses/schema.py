@@ -32,6 +32,7 @@ from router.api.common.limits import (
     MAX_TOOLS,
 )
 from router.api.openai.schema import JsonSchemaFormat, ResponseFormat
+from router.errors import ApiError
 
 
 class _Lenient(BaseModel):
@@ -302,6 +303,23 @@ class TextConfig(_Lenient):
     verbosity: str | None = None  # accepted; the engines have no verbosity control
 
 
+_TOOL_ITEMS = ("additional_tools", "tool_search_output")
+
+
+def _functions(tools: Any, where: str, left: int) -> int:
+    """How many functions ``tools`` holds (a namespace: each of its tools); a 400 naming
+    the tool that goes past ``left``."""
+    n = 0
+    for i, tool in enumerate(tools if isinstance(tools, list) else ()):
+        inner = tool.get("tools") if isinstance(tool, dict) else None
+        n += len(inner) if isinstance(inner, list) else 1
+        if n > left:
+            raise ApiError(400, f"{where}.{i}: more than {MAX_TOOLS} tools in all (namespaces "
+                           "and additional_tools count each tool they hold)", "too_many_tools",
+                           f"{where}.{i}")
+    return n
+
+
 class ResponsesRequest(_Lenient):
     model: str = Field(min_length=1)
     input: (Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
@@ -322,6 +340,19 @@ class ResponsesRequest(_Lenient):
     store: bool = True
     previous_response_id: str | None = Field(None, min_length=1, max_length=256)
     stream: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tool_count(cls, data: Any) -> Any:
+        """Every function the request holds, namespaces and tool-carrying items included,
+        against the tool cap, on the raw JSON: before 10,000 tools are validated."""
+        if isinstance(data, dict):
+            left = MAX_TOOLS - _functions(data.get("tools"), "tools", MAX_TOOLS)
+            items = data.get("input")
+            for i, item in enumerate(items if isinstance(items, list) else ()):
+                if isinstance(item, dict) and item.get("type") in _TOOL_ITEMS:
+                    left -= _functions(item.get("tools"), f"input.{i}.tools", left)
+        return data
 
     def items(self) -> list[Any]:
         """``input`` as items: a string is one user message."""
