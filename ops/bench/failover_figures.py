@@ -4,8 +4,9 @@
 * ``hit_rate``: cached / prompt tokens over the requests that succeeded.
 * ``Windows``: before = the ``baseline_s`` before the kill, during = kill → the index
   answering again, after = from then to the end.
-* ``index_recovery``: promotion → the first request sent after the promotion that came back
-  with a non-zero predicted-cached header.
+* ``first_prediction``: promotion → the first request sent after the promotion that came
+  back with a non-zero predicted-cached header (a router's local view predicts during the
+  outage too, so this bounds the index's return from below).
 * ``hit_recovery``: kill → the start of the first rolling window (``window_s`` of requests,
   at least ``min_requests``) whose hit rate is within ``tolerance`` of before's.
 """
@@ -55,7 +56,7 @@ class Windows:
                                    ("after", self.after))}
 
 
-def index_recovery(records: Sequence[Record], promotion_s: float) -> float | None:
+def first_prediction(records: Sequence[Record], promotion_s: float) -> float | None:
     """Seconds from the promotion to the first request sent after it whose routing came with a
     prediction (None: no such request)."""
     later = [r.start_s for r in records

@@ -37,12 +37,12 @@ def test_an_index_that_never_answers_again_leaves_everything_after_the_kill_duri
     assert w.rates([rec(40, 50)])["after"] is None
 
 
-def test_the_index_recovers_at_the_first_prediction_sent_after_the_promotion() -> None:
+def test_the_first_prediction_is_the_first_one_sent_after_the_promotion() -> None:
     rs = [rec(29, 90, predicted=80),  # before the promotion: does not count
           rec(31, 0), rec(32, 50, predicted=70, error="HTTP 502"),  # failed: does not count
           rec(32.5, 50, predicted=40), rec(33, 90, predicted=80)]
-    assert figures.index_recovery(rs, promotion_s=31.0) == pytest.approx(1.5)
-    assert figures.index_recovery(rs[:3], promotion_s=31.0) is None
+    assert figures.first_prediction(rs, promotion_s=31.0) == pytest.approx(1.5)
+    assert figures.first_prediction(rs[:3], promotion_s=31.0) is None
 
 
 def test_the_hit_rate_recovers_when_a_whole_window_is_back_within_a_point() -> None:
