@@ -35,6 +35,11 @@ Not normalised, on purpose: anything with meaning for the model (dates,
 ``<system-reminder>`` text, git status in Claude Code's system prompt, tool
 order). Changing those changes the answer; they change rarely within a session.
 
+Bounded before rendering: a ``tool_reference`` block copies the definition of the tool
+it names where it stands, and every copy counts against the text a prompt may hold
+(``router.api.common.limits.Expansion``), so a small body of many references is a 413
+naming the block past it, not millions of tokens.
+
 Mapping onto the template's message list: ``tool_use`` blocks → the assistant
 message's ``tool_calls``; each ``tool_result`` → a ``role: "tool"`` message with
 ``tool_call_id`` (and the tool's ``name``), its text prefixed with ``"Error: "``
