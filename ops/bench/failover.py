@@ -184,7 +184,7 @@ def _r(x: float | None) -> float | None:
 
 
 async def measure(url: str, fleet: RedisFleet, args: argparse.Namespace
-                   ) -> tuple[list[Record], KillTimes]:
+                  ) -> tuple[list[Record], KillTimes]:
     spec = LoadSpec(duration_s=args.duration, concurrency=args.concurrency, ramp_s=args.ramp,
                     seed=args.seed)
     params = AgentParams(seed=args.seed, compact_tokens=args.compact_tokens)
