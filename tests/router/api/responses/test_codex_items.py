@@ -57,3 +57,12 @@ def test_local_shell_call_is_answered_by_its_output(tiny_model_dir: Path) -> Non
     prompt = _turn(core, [{"role": "user", "content": "list"}, call, out])
     assert '"name": "local_shell"' in prompt
     assert "a.py" in prompt
+
+
+def test_each_child_has_a_session_of_its_own(tiny_model_dir: Path) -> None:
+    core = FakeCore(tiny_model_dir)
+    for child in ("child-a", "child-b", "child-a"):  # Codex: one prompt_cache_key per thread
+        r = _post(core, {"input": [AGENT_MESSAGE], "store": False, "prompt_cache_key": child})
+        assert r.status_code == 200, r.text
+    a, b, a_again = (c["session_id"] for c in core.calls)
+    assert a == a_again and a != b
