@@ -25,7 +25,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from deploy.config import KvrouteConfig
 from deploy.tracing import setup_tracing, shutdown_tracing
 from router.api.anthropic import routes as anthropic_routes
+from router.api.openai import models as openai_models
 from router.api.openai import routes as openai_routes
+from router.api.openai import tokenize as tokenize_routes
 from router.api.responses import routes as responses_routes
 from router.api.responses.store import ResponseStore
 from router.app.client_guard import ClientGuardMiddleware
@@ -160,6 +162,7 @@ class Ingress:
             if not self._listener.serving:
                 raise RuntimeError("the router replica's HTTP listener stopped")
 
+    @app.head("/health", include_in_schema=False)  # load balancers' probes
     @app.get("/health")
     async def health(self) -> Response:
         ready = self._core.ready()
@@ -188,10 +191,29 @@ class Ingress:
         text = await self._metrics.text()
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    @app.head("/v1/models", include_in_schema=False)
     @app.get("/v1/models")
     async def models(self, request: Request) -> dict[str, Any]:
         self._core.auth.authenticate(request.headers)
-        return openai_routes.list_models(self._core)
+        return openai_models.list_models(self._core)
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(self, model_id: str, request: Request) -> dict[str, Any]:
+        self._core.auth.authenticate(request.headers)
+        return openai_models.retrieve_model(self._core, model_id)
+
+    @app.post("/tokenize")
+    async def tokenize(self, request: Request) -> dict[str, Any]:
+        return await tokenize_routes.tokenize(self._core, request)
+
+    @app.post("/detokenize")
+    async def detokenize(self, request: Request) -> dict[str, Any]:
+        return await tokenize_routes.detokenize(self._core, request)
+
+    @app.get("/version")
+    async def version(self) -> dict[str, str]:
+        """Open, as vLLM's is: what a client checks before it sends anything."""
+        return tokenize_routes.version()
 
     @app.post("/v1/chat/completions")
     async def chat_completions(self, request: Request) -> Response:

@@ -33,6 +33,7 @@ from pydantic.json_schema import models_json_schema
 
 from router.api.anthropic.schema import CountTokensRequest, MessagesRequest
 from router.api.openai.schema import ChatCompletionRequest, CompletionRequest
+from router.api.openai.tokenize import DetokenizeRequest, TokenizeRequest
 from router.api.responses.schema import ResponsesRequest
 from router.errors import _ANTHROPIC_TYPES, _OPENAI_TYPES
 
@@ -46,19 +47,24 @@ BODIES: dict[str, tuple[type[BaseModel], str]] = {
     "/v1/responses": (ResponsesRequest, "OpenAIError"),
     "/v1/messages": (MessagesRequest, "AnthropicError"),
     "/v1/messages/count_tokens": (CountTokensRequest, "AnthropicError"),
+    "/tokenize": (TokenizeRequest, "OpenAIError"),
+    "/detokenize": (DetokenizeRequest, "OpenAIError"),
 }
 _ERRORS = {
     400: "Invalid request: malformed JSON, schema violation, bad token ids, unsupported "
-         "content, a conversation the chat template cannot render.",
+         "content, a conversation the chat template cannot render, a prompt that alone "
+         "exceeds the context window (code context_length_exceeded).",
     401: "Missing or wrong API key (only when API keys are configured).",
     404: "Unknown model or group; on /v1/responses also an unknown or expired "
          "previous_response_id.",
-    413: "Body over the size limit, or prompt plus output limit over the context window.",
+    413: "Body over the byte limit (a prompt plus output limit over the context window "
+         "is not an error: the output limit is cut to fit, x-kvroute-max-tokens-cut).",
     429: "Rate-limited; see the retry-after header.",
     500: "Internal error in the router (a bug: please report it).",
     503: "Overloaded or no ready replica; see the retry-after header.",
 }
-_COUNT_ERRORS = (400, 401, 404, 413, 500)  # count_tokens generates nothing: no 429/503
+_COUNT_ERRORS = (400, 401, 404, 413, 429, 500)  # counting generates nothing: no 503
+_COUNTING = ("/count_tokens", "/tokenize", "/detokenize")
 _SECURITY = [{}, {"bearerAuth": []}, {"apiKeyHeader": []}]
 
 
@@ -105,6 +111,9 @@ def _error_response(status: int, shape: str) -> dict[str, Any]:
 
 
 def _success(path: str) -> dict[str, Any]:
+    if path in ("/tokenize", "/detokenize"):
+        return {"description": "vLLM's TokenizeResponse / DetokenizeResponse.",
+                "content": {"application/json": {"schema": {"type": "object"}}}}
     if path.endswith("/count_tokens"):
         schema = {"type": "object", "required": ["input_tokens"],
                   "properties": {"input_tokens": {"type": "integer", "minimum": 0}}}
@@ -122,7 +131,7 @@ def _success(path: str) -> dict[str, Any]:
 
 def _post_operation(op: dict[str, Any], path: str, ref: dict[str, Any], shape: str) -> None:
     op["requestBody"] = {"required": True, "content": {"application/json": {"schema": ref}}}
-    statuses = _COUNT_ERRORS if path.endswith("/count_tokens") else tuple(_ERRORS)
+    statuses = _COUNT_ERRORS if path.endswith(_COUNTING) else tuple(_ERRORS)
     op["responses"] = {"200": _success(path),
                        **{str(s): _error_response(s, shape) for s in statuses}}
     op["security"] = copy.deepcopy(_SECURITY)
@@ -139,9 +148,13 @@ def _get_operations(paths: dict[str, Any]) -> None:
                                    "content": body},
                            "503": {"description": "Some model has no ready replica.",
                                    "content": copy.deepcopy(body)}}
-    if op := paths.get("/v1/models", {}).get("get"):
-        op["responses"]["401"] = _error_response(401, "OpenAIError")
-        op["security"] = copy.deepcopy(_SECURITY)
+    for path in ("/v1/models", "/v1/models/{model_id}"):
+        if op := paths.get(path, {}).get("get"):
+            op["responses"]["401"] = _error_response(401, "OpenAIError")
+            op["security"] = copy.deepcopy(_SECURITY)
+    if op := paths.get("/v1/models/{model_id}", {}).get("get"):
+        op["responses"].pop("422", None)  # FastAPI's default: the router answers 404
+        op["responses"]["404"] = _error_response(404, "OpenAIError")
 
 
 def _merge(components: dict[str, Any], extra: dict[str, Any]) -> None:

@@ -9,12 +9,23 @@ import secrets
 import string
 import uuid
 from collections.abc import Callable
+from importlib import metadata
 from json.encoder import encode_basestring_ascii
 from typing import Any
 
 # ``json.dumps(text)`` for a str, without its Python layers: the function it calls.
 quote: Callable[[str], str] = encode_basestring_ascii
 _ALPHABET = string.ascii_letters + string.digits
+
+
+def _version() -> str:
+    try:
+        return metadata.version("kvroute")
+    except metadata.PackageNotFoundError:  # run from a source tree without an install
+        return "unknown"
+
+
+VERSION = _version()  # kvroute's: /version, and OpenAI's system_fingerprint
 
 
 def compact(data: Any) -> str:
@@ -51,6 +62,12 @@ def template(sample: bytes, *marks: str) -> tuple[bytes, ...] | None:
 def base62_id(prefix: str, size: int = 24) -> str:
     """``msg_…`` / ``toolu_…`` ids in Anthropic's style."""
     return prefix + "".join(secrets.choice(_ALPHABET) for _ in range(size))
+
+
+def with_prefix(prefix: str, rid: str) -> str:
+    """``rid`` (Serve's request id, as x-request-id names it) as an OpenAI object id:
+    ``chatcmpl-…`` / ``cmpl-…``, as OpenAI's and vLLM's are."""
+    return rid if rid.startswith(prefix) else prefix + rid
 
 
 def hex_id(prefix: str, size: int = 32) -> str:

@@ -10,11 +10,12 @@ Reasoning (``router.output.reasoning_parsers``) is ``message.reasoning_content``
 
 from __future__ import annotations
 
+import hashlib
 import time
 from typing import Any
 
 from router.api.common.output import TEXT, Output
-from router.api.common.wire import hex_id, quote, sse, template
+from router.api.common.wire import VERSION, hex_id, quote, sse, template
 from router.output.tool_calls import ToolCall
 from workers.protocol import Final, Usage
 
@@ -46,9 +47,16 @@ def tool_call(call: ToolCall, index: int | None = None) -> dict[str, Any]:
     return out
 
 
+def system_fingerprint(model: str, vocab_fingerprint: str) -> str:
+    """OpenAI's ``system_fingerprint``: the router's version and the model's tokenizer,
+    which together decide what a request's prompt becomes."""
+    digest = hashlib.sha256(f"{VERSION}:{model}:{vocab_fingerprint}".encode()).hexdigest()
+    return f"fp_{digest[:12]}"
+
+
 def chat_completion(
     rid: str, model: str, text: str, final: Final | None,
-    calls: list[ToolCall] | None = None, reasoning: str = "",
+    calls: list[ToolCall] | None = None, reasoning: str = "", fingerprint: str | None = None,
 ) -> dict:
     message: dict[str, Any] = {"role": "assistant", "content": text}
     if reasoning:  # as vLLM and DeepSeek return it
@@ -58,7 +66,7 @@ def chat_completion(
         message["tool_calls"] = [tool_call(c) for c in calls]
     return {
         "id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
-        "choices": [{
+        "system_fingerprint": fingerprint, "choices": [{
             "index": 0, "message": message,
             "finish_reason": finish_reason(final, bool(calls)), "logprobs": None,
         }],
@@ -66,10 +74,11 @@ def chat_completion(
     }
 
 
-def text_completion(rid: str, model: str, text: str, final: Final | None) -> dict:
+def text_completion(rid: str, model: str, text: str, final: Final | None,
+                    fingerprint: str | None = None) -> dict:
     return {
         "id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
-        "choices": [{
+        "system_fingerprint": fingerprint, "choices": [{
             "index": 0, "text": text, "finish_reason": finish_reason(final), "logprobs": None,
         }],
         "usage": usage_block(final),
@@ -77,28 +86,31 @@ def text_completion(rid: str, model: str, text: str, final: Final | None) -> dic
 
 
 def chat_chunk(rid: str, model: str, delta: dict[str, Any], reason: str | None,
-               created: int | None = None) -> dict:
+               created: int | None = None, fingerprint: str | None = None) -> dict:
     return {
         "id": rid, "object": "chat.completion.chunk",
         "created": int(time.time()) if created is None else created,
-        "model": model, "choices": [{"index": 0, "delta": delta, "finish_reason": reason}],
+        "model": model, "system_fingerprint": fingerprint,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": reason}],
     }
 
 
 def text_chunk(rid: str, model: str, text: str, reason: str | None,
-               created: int | None = None) -> dict:
+               created: int | None = None, fingerprint: str | None = None) -> dict:
     return {
         "id": rid, "object": "text_completion",
         "created": int(time.time()) if created is None else created, "model": model,
+        "system_fingerprint": fingerprint,
         "choices": [{"index": 0, "text": text, "finish_reason": reason, "logprobs": None}],
     }
 
 
 def usage_chunk(rid: str, model: str, obj: str, final: Final | None,
-                created: int | None = None) -> dict:
+                created: int | None = None, fingerprint: str | None = None) -> dict:
     return {
         "id": rid, "object": obj, "created": int(time.time()) if created is None else created,
-        "model": model, "choices": [], "usage": usage_block(final),
+        "model": model, "system_fingerprint": fingerprint, "choices": [],
+        "usage": usage_block(final),
     }
 
 
@@ -111,12 +123,13 @@ class ChunkEncoder:
     ``created`` (tests/router/api/test_stream_encoding.py), without a dict and a ``json.dumps``
     of it per delta."""
 
-    def __init__(self, rid: str, model: str, chat: bool) -> None:
-        self.rid, self.model, self.chat = rid, model, chat
+    def __init__(self, rid: str, model: str, chat: bool, fingerprint: str | None = None
+                 ) -> None:
+        self.rid, self.model, self.chat, self.fp = rid, model, chat, fingerprint
         self.created = int(time.time())
         mark = "\x00"  # the text's place in a sample chunk (ids and names hold no NUL)
-        sample = (chat_chunk(rid, model, {"content": mark}, None, self.created) if chat
-                  else text_chunk(rid, model, mark, None, self.created))
+        sample = (chat_chunk(rid, model, {"content": mark}, None, self.created, fingerprint)
+                  if chat else text_chunk(rid, model, mark, None, self.created, fingerprint))
         self._parts = template(sse(sample), mark)
         self._head, self._tail = self._parts or (b"", b"")
 
@@ -129,13 +142,13 @@ class ChunkEncoder:
     def delta(self, delta: dict[str, Any], reason: str | None = None) -> bytes:
         """Any other chunk: a chat delta (tool calls, the role, the end) or a text end."""
         if self.chat:
-            return sse(chat_chunk(self.rid, self.model, delta, reason, self.created))
+            return sse(chat_chunk(self.rid, self.model, delta, reason, self.created, self.fp))
         return sse(text_chunk(self.rid, self.model, delta.get("text", ""), reason,
-                              self.created))
+                              self.created, self.fp))
 
     def usage(self, final: Final | None) -> bytes:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
-        return sse(usage_chunk(self.rid, self.model, obj, final, self.created))
+        return sse(usage_chunk(self.rid, self.model, obj, final, self.created, self.fp))
 
 
 def stream_error(message: str) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""The OpenAI endpoints: /v1/chat/completions, /v1/completions, /v1/models.
+"""The OpenAI endpoints: /v1/chat/completions and /v1/completions (/v1/models:
+``router.api.openai.models``).
 
 Each request runs the shared flow (``router.api.common.flow``) with ``ChatSpec`` or
 ``CompletionSpec``, and replies through ``ChatReply`` over ``encode.ChatOutput``.
@@ -28,6 +29,7 @@ from fastapi.responses import Response
 from router.api.common import request as rq
 from router.api.common.flow import Prepared, SessionHint, Spec, Turn, serve
 from router.api.common.reply import Reply
+from router.api.common.wire import with_prefix
 from router.api.openai import encode as oa
 from router.api.openai.schema import ChatCompletionRequest, CompletionRequest, SamplingFields
 from router.core import RouterCore
@@ -38,15 +40,6 @@ from router.output import tool_calls as tc
 from router.prompt.template import ChatPrompt, place_system
 from router.routing.target import Target
 from workers.protocol import SamplingParams
-
-
-def list_models(core: RouterCore) -> dict[str, Any]:
-    """Models and groups. ``max_model_len`` (vLLM's and SGLang's field, which agent clients
-    read to size their context) is the context window; a group's is its smallest member's,
-    since any member may serve it."""
-    data = [{"id": name, "object": "model", "owned_by": "kvroute", "created": 0,
-             "max_model_len": window} for name, window in core.targets.windows().items()]
-    return {"object": "list", "data": data}
 
 
 class _Sampled(Spec[Any, None]):
@@ -67,10 +60,13 @@ class _Sampled(Spec[Any, None]):
     def reply(self, turn: Turn[Any, None]) -> Reply:
         req, chat = turn.p.req, turn.p.prompt is not None
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        enc = oa.ChunkEncoder(turn.rid, req.model, chat) if req.stream else None
+        oid = with_prefix(f"{self.id_prefix}-", turn.rid)  # chatcmpl-… / cmpl-…
+        fp = oa.system_fingerprint(turn.p.target.model.name,
+                                   turn.p.target.tokenizer.vocab_fingerprint)
+        enc = oa.ChunkEncoder(oid, req.model, chat, fp) if req.stream else None
         out = oa.ChatOutput(enc, single_call=getattr(req, "parallel_tool_calls", None) is False)
         return ChatReply(turn.gen, out, self.tool_parser(turn.p), self.reasoner(turn.p),
-                         turn.rid, req.model, chat, include_usage)
+                         oid, req.model, chat, include_usage, fp)
 
     def tool_parser(self, p: Prepared[Any, None]) -> tc.ToolParser | None:
         return None
@@ -139,9 +135,10 @@ class ChatReply(Reply):
 
     def __init__(self, gen: Generation, out: oa.ChatOutput, parser: tc.ToolParser | None,
                  reasoner: rp.ReasoningParser | None, rid: str, model: str, chat: bool,
-                 include_usage: bool) -> None:
+                 include_usage: bool, fingerprint: str | None = None) -> None:
         super().__init__(gen, out, parser, reasoner, rid)
         self.out, self.model, self.chat, self.include_usage = out, model, chat, include_usage
+        self.fingerprint = fingerprint
 
     def start(self) -> bytes:
         assert self.out.enc is not None
@@ -161,5 +158,5 @@ class ChatReply(Reply):
         text, final = "".join(self.out.text), self.gen.final
         if self.chat:
             return oa.chat_completion(self.label, self.model, text, final, self.out.calls,
-                                      "".join(self.out.reasoning))
-        return oa.text_completion(self.label, self.model, text, final)
+                                      "".join(self.out.reasoning), self.fingerprint)
+        return oa.text_completion(self.label, self.model, text, final, self.fingerprint)

@@ -31,8 +31,9 @@ from workers.protocol import SamplingParams
 
 KEY = "sk-kvr-route-test-key"
 CHAT = {"model": "tiny", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
-# Open by design (docs/auth.md): load balancers' health checks, Prometheus scrapers.
-OPEN = {("GET", "/health"), ("GET", "/metrics")}
+# Open by design (docs/auth.md): load balancers' health checks, Prometheus scrapers, the
+# version a client checks first (vLLM's /version is open too).
+OPEN = {("GET", "/health"), ("HEAD", "/health"), ("GET", "/metrics"), ("GET", "/version")}
 
 
 class LimitedCore(FakeCore):
