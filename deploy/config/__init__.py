@@ -112,12 +112,13 @@ class ResponsesConfig(Strict):
     store_ttl_s: float = Field(86400.0, gt=0, description="How long a stored response can "
                                "be continued with previous_response_id.")
     max_entry_bytes: int = Field(
-        16 << 20, ge=1024, description="Largest stored response (the whole conversation, "
-        "compressed); a larger one is served but not stored.",
+        16 << 20, ge=1024, description="Largest stored response (the whole conversation as "
+        "JSON, before compression); a larger one is served but not stored.",
     )
     memory_bytes: int = Field(
         256 << 20, ge=0, description="Local copies kept per router replica (LRU); the only "
-        "store without Redis, the fallback while Redis is unreachable.",
+        "store without Redis, the fallback while Redis is unreachable. One key keeps at most a "
+        "quarter of it, locally and in Redis.",
     )
 
 
