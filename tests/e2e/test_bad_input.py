@@ -123,13 +123,13 @@ CASES = [
     case("nested-10k-msg", MESSAGES, raw("{'model': 'sim-model', 'max_tokens': 4, 'messages': "
      "[{'role': 'user', 'content': 'x'}], 'metadata': <n>}", n=nested(10_000)), 400, None),
     case("nested-100k-count", COUNT, ("{" + '"a":{' * 100_000).encode(), 400, None),
-    case("max-tokens-huge", CHAT, chat(max_tokens=2**70), 413, "context_length_exceeded"),
-    case("max-tokens-window", CHAT, chat(max_tokens=CONTEXT), 413, "context_length_exceeded"),
-    case("completion-max-tokens-huge", COMPLETIONS, comp(max_tokens=10**30), 413,
+    case("prompt-too-long-chat", CHAT, chat(messages=_user("w " * 10_000)), 400,
      "context_length_exceeded"),
-    case("prompt-too-long-chat", CHAT, chat(messages=_user("w " * 10_000)), 413,
+    case("prompt-too-long-completions", COMPLETIONS, comp(prompt="w " * 10_000), 400,
      "context_length_exceeded"),
-    case("prompt-too-long-msg", MESSAGES, msg(messages=_user("w " * 10_000)), 413, None),
+    case("prompt-too-long-msg", MESSAGES, msg(messages=_user("w " * 10_000)), 400, None),
+    case("text-cannot-fit-chat", CHAT, chat(messages=_user("x" * (CONTEXT * 32 + 1))), 400,
+     "context_length_exceeded"),  # refused before tokenizing
     case("max-tokens-zero-chat", CHAT, chat(max_tokens=0), 400, "invalid_request"),
     case("max-tokens-neg-chat", CHAT, chat(max_tokens=-1), 400, "invalid_request"),
     case("max-completion-zero", CHAT, chat(max_completion_tokens=0), 400, "invalid_request"),
@@ -189,9 +189,6 @@ CASES = [
         {"type": "tool_result", "tool_use_id": "t1", "content": "x"}]}]), 400, None),
     case("server-tool-msg", MESSAGES, msg(tools=[{"type": "web_search_20250305",
                                                "name": "web_search"}]), 400, None),
-    case("strict-json-schema", CHAT, chat(response_format={
-        "type": "json_schema", "json_schema": {"name": "x", "strict": True, "schema": {}}}),
-     400, "invalid_request"),
     case("structured-output-msg", MESSAGES, msg(output_config={"format": {"type": "json"}}), 400,
      None),
     case("surrogate-chat", CHAT, raw(
@@ -212,6 +209,25 @@ CASES = [
 def test_bad_request(client: httpx.Client, path: str, body: Any, status: int,
                      code: str | None) -> None:
     assert_error(post(client, path, body), path, status, code)
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    (CHAT, chat(max_tokens=2**70)), (CHAT, chat(max_tokens=CONTEXT)),
+    (CHAT, chat(max_completion_tokens=32000)), (COMPLETIONS, comp(max_tokens=10**30)),
+    (MESSAGES, msg(max_tokens=32000))])
+def test_an_output_limit_over_the_window_is_cut_to_fit(client: httpx.Client, path: str,
+                                                       body: Any) -> None:
+    """Not bad input: every API cuts the limit to the room the prompt leaves, and says so."""
+    r = post(client, path, body)
+    assert r.status_code == 200, r.text[:300]
+    assert 0 < int(r.headers["x-kvroute-max-tokens-cut"]) < CONTEXT
+
+
+def test_a_strict_json_schema_is_served_and_said_unenforced(client: httpx.Client) -> None:
+    r = post(client, CHAT, chat(max_tokens=4, response_format={
+        "type": "json_schema", "json_schema": {"name": "x", "strict": True, "schema": {}}}))
+    assert r.status_code == 200, r.text[:300]
+    assert r.headers["x-kvroute-schema-not-enforced"] == "x"
 
 
 def test_unknown_block_type_is_named_over_http(client: httpx.Client) -> None:

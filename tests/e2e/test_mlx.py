@@ -4,6 +4,7 @@ tiny model, a real redis-server index, the openai SDK as the client."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,9 @@ def _chat(client: openai.OpenAI, messages: list[dict[str, str]], **kw: Any) -> A
 def test_models_and_health(stack: dict[str, Any]) -> None:
     models = _client(stack["url"]).models.list()
     assert [m.id for m in models.data] == [MODEL]
+    card = _client(stack["url"]).models.retrieve(MODEL)  # GET /v1/models/{id}
+    assert card.id == MODEL and card.model_extra["max_model_len"] == 32768  # type: ignore[index]
+    assert httpx.head(f"{stack['url']}/health").status_code == 200
     health = httpx.get(f"{stack['url']}/health").json()
     assert health["replicas"][MODEL] == 2
 
@@ -151,9 +155,9 @@ def test_redis_index_holds_entries(stack: dict[str, Any], tiny_model_dir: Path) 
      400, "invalid_request"),
     ("/v1/chat/completions",
      b'{"model": "nope", "messages": [{"role": "user", "content": "x"}]}', 404, "model_not_found"),
-    ("/v1/chat/completions",
-     b'{"model": "tiny-llama", "messages": [{"role": "user", "content": "x"}], '
-     b'"max_tokens": 10000000}', 413, "context_length_exceeded"),
+    ("/v1/chat/completions",  # 40000 tokens over the 32768 window (max_tokens is cut to fit)
+     json.dumps({"model": "tiny-llama", "messages": [{"role": "user", "content": "x " * 40000}],
+                 "max_tokens": 8}).encode(), 400, "context_length_exceeded"),
     ("/v1/completions", b'{"model": "tiny-llama", "prompt": [1, 99999]}', 400,
      "invalid_token_ids"),
     ("/v1/completions", b'{"model": "tiny-llama", "prompt": []}', 400, "empty_prompt"),
