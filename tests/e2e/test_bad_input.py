@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from deploy.config import IndexConfig
@@ -221,6 +222,18 @@ def test_an_output_limit_over_the_window_is_cut_to_fit(client: httpx.Client, pat
     r = post(client, path, body)
     assert r.status_code == 200, r.text[:300]
     assert 0 < int(r.headers["x-kvroute-max-tokens-cut"]) < CONTEXT
+
+
+def test_the_openai_sdk_asking_32000_gets_a_reply(url: str) -> None:
+    """Qwen Code's request shape through the SDK: 32000 on a 4096-token window."""
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=32000)
+    reply = raw.parse()
+    assert reply.id.startswith("chatcmpl-") and reply.system_fingerprint
+    assert reply.usage is not None and reply.usage.completion_tokens > 0
+    assert int(raw.headers["x-kvroute-max-tokens-cut"]) == CONTEXT - reply.usage.prompt_tokens
+    assert client.models.retrieve(MODEL).id == MODEL
 
 
 def test_a_strict_json_schema_is_served_and_said_unenforced(client: httpx.Client) -> None:

@@ -16,7 +16,7 @@ at a 404. Checks:
   matches the declared schema (the error shapes included).
 
 Not checked: ``positive_data_acceptance`` (a valid body may still be a 404 for an
-unknown model or a 413 for the context) and ``negative_data_rejection`` (pydantic's
+unknown model or a 400 for a prompt over the context) and ``negative_data_rejection`` (pydantic's
 lax mode accepts ``"3"`` for an integer, as OpenAI-compatible servers commonly do).
 Budget: ``KVROUTE_SCHEMATHESIS_EXAMPLES`` (default 50) examples per operation on the sim
 model; ``KVROUTE_SCHEMATHESIS_MLX_EXAMPLES`` (default 6) valid bodies per POST operation on
@@ -58,8 +58,9 @@ EXAMPLES = int(os.environ.get("KVROUTE_SCHEMATHESIS_EXAMPLES", "50"))
 MLX_EXAMPLES = int(os.environ.get("KVROUTE_SCHEMATHESIS_MLX_EXAMPLES", "6"))
 LENGTH_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 POSTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
-         "/v1/messages/count_tokens")
-GETS = ("/v1/models", "/health", "/metrics", "/kvroute/replicas")
+         "/v1/messages/count_tokens", "/tokenize", "/detokenize")
+GETS = ("/v1/models", "/v1/models/{model_id}", "/health", "/metrics", "/kvroute/replicas",
+        "/version")
 OPERATIONS = [*(("POST", p) for p in POSTS), *(("GET", p) for p in GETS)]
 
 
