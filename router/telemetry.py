@@ -131,7 +131,14 @@ def _access_log(info: RequestInfo, status: int, route: str, now: float) -> None:
 
 
 API_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses",
-                        "/v1/messages", "/v1/messages/count_tokens", "/v1/models"})
+                        "/v1/messages", "/v1/messages/count_tokens", "/v1/models",
+                        "/tokenize", "/detokenize"})
+MODEL_ROUTE = "/v1/models/{model_id}"  # one route for every model name a client sends
+
+
+def traced(path: str) -> bool:
+    """Requests that get a span, the access log and the request counters: the API's."""
+    return path.startswith("/v1/") or path in API_ROUTES
 
 
 def _request_id(headers: Any) -> str:
@@ -145,7 +152,9 @@ def _request_id(headers: Any) -> str:
 
 def span_name(method: str, path: str) -> str:
     """The route, never the raw path: clients must not mint span names."""
-    return f"{method} {path if path in API_ROUTES else '/v1/{unknown}'}"
+    if path in API_ROUTES:
+        return f"{method} {path}"
+    return f"{method} {MODEL_ROUTE if path.startswith('/v1/models/') else '/v1/{unknown}'}"
 
 
 class TelemetryMiddleware:
@@ -155,7 +164,7 @@ class TelemetryMiddleware:
         self.app = app
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+        if scope["type"] != "http" or not traced(scope["path"]):
             return await self.app(scope, receive, send)
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         route = span_name(scope["method"], scope["path"])

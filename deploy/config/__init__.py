@@ -64,7 +64,8 @@ class ServerConfig(Strict):
     )
     body_bytes_per_token: int = Field(
         32, ge=1, description="Cheap bound against the context window: a body over the "
-        "largest window x this (+1 MiB) is a 413 before parsing or tokenizing.",
+        "largest window x this (+1 MiB) is a 413 before parsing, and a prompt with more text "
+        "than its model's window x this is a 400 before templating or tokenizing.",
     )
     body_read_timeout_s: float = Field(
         30.0, gt=0, description="A request body must arrive within this; a slower one is a "

@@ -49,3 +49,12 @@ def test_span_names_are_routes_never_raw_paths() -> None:
 
     assert span_name("POST", "/v1/messages") == "POST /v1/messages"
     assert span_name("GET", "/v1/x-" + "a" * 5000) == "GET /v1/{unknown}"
+    assert span_name("GET", "/v1/models/" + "m" * 5000) == "GET /v1/models/{model_id}"
+    assert span_name("POST", "/tokenize") == "POST /tokenize"
+
+
+def test_the_tokenizer_routes_are_traced_and_counted_the_health_probe_is_not() -> None:
+    from router.telemetry import traced
+
+    assert traced("/tokenize") and traced("/detokenize") and traced("/v1/models/m")
+    assert not traced("/health") and not traced("/metrics")
