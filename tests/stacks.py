@@ -64,17 +64,21 @@ _POOL = _Pool()
 
 
 @contextmanager
-def deployed(cfg: KvrouteConfig, timeout_s: float = 120.0) -> Iterator[str]:
+def deployed(cfg: KvrouteConfig, timeout_s: float = 120.0, fresh: bool = False
+             ) -> Iterator[str]:
     """Serve ``cfg`` on the running Ray, wait until healthy, yield its URL.
 
     The app outlives the block: the next ``deployed`` with an equal config gets it as it is
-    (checked healthy again), a different one deletes and replaces it."""
+    (checked healthy again), a different one deletes and replaces it. ``fresh``: a new app
+    even if the pooled one has this config (a module that needs replicas nobody has loaded)."""
     from deploy.serve import runtime
 
     if cfg.server.ingress == "proxy":  # on the port Serve's proxy holds this session
         cfg = cfg.model_copy(update={"server": cfg.server.model_copy(
             update={"port": proxy_port()})})
     key = cfg.model_dump_json()
+    if fresh and key == _POOL.key and not _POOL.holders:
+        release()
     if key != _POOL.key:
         if _POOL.holders:
             raise RuntimeError("a stack is still held: one app runs at a time")

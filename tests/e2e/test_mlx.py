@@ -17,8 +17,10 @@ import redis
 from deploy.config import IndexConfig, ModelConfig
 from tests.stacks import deployed, redis_url, stack_config
 
-# the same two mlx replicas and Redis as test_agents/test_mlx: one start for both
-pytestmark = [pytest.mark.slow, pytest.mark.stack("mlx-pair")]
+# Two mlx replicas and Redis, as test_agents has, but a stack of its own: the spread tests
+# need replicas and a router no other module has loaded (test_agents' sessions, leases and
+# kills left one replica preferred, and the spread fell to one replica).
+pytestmark = [pytest.mark.slow, pytest.mark.stack("mlx")]
 MODEL = "tiny-llama"
 
 
@@ -30,6 +32,7 @@ def stack(
     model = ModelConfig(name=MODEL, engine="mlx", model_path=str(tiny_model_dir),
                         num_replicas=2, num_cpus=0.5)
     with deployed(stack_config(serve_port, model, index=IndexConfig(redis_url=index)),
+                  fresh=True,
                   timeout_s=300) as url:
         yield {"url": url, "redis_url": index}
 
