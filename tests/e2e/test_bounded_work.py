@@ -69,9 +69,12 @@ def test_message_and_tool_counts_are_capped(stack: str) -> None:
     r = _post(stack, "/v1/messages/count_tokens", {
         "model": MODEL, "tools": tools, "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 400 and "tools" in r.json()["error"]["message"], r.text[:300]
-    ok = _post(stack, "/v1/messages/count_tokens", {
+    # At the caps the counts pass; what is left is the window, which count_tokens checks
+    # as /v1/messages does (10,000 messages and 1,024 tools do not fit a 32k-token model).
+    at_caps = _post(stack, "/v1/messages/count_tokens", {
         "model": MODEL, "tools": tools[:MAX_TOOLS], "messages": many[:MAX_MESSAGES]})
-    assert ok.status_code == 200, ok.text[:300]
+    assert at_caps.status_code == 400, at_caps.text[:300]
+    assert at_caps.json()["error"]["message"].startswith("prompt is too long"), at_caps.text
 
 
 def test_requests_are_charged_before_the_body_is_parsed(stack: str) -> None:

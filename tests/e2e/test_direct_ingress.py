@@ -71,11 +71,13 @@ def test_request_id_is_the_clients_or_a_new_one(stack: tuple[str, str]) -> None:
     direct, _ = stack
     r = httpx.post(f"{direct}/v1/chat/completions", json=_body(False),
                    headers={"x-request-id": "agent-42.turn-7"}, timeout=60)
-    assert r.headers["x-request-id"] == "agent-42.turn-7" == r.json()["id"]
+    # the body's id is the request id with the API's prefix (OpenAI's chatcmpl-)
+    assert r.headers["x-request-id"] == "agent-42.turn-7"
+    assert r.json()["id"] == "chatcmpl-agent-42.turn-7"
     r = httpx.post(f"{direct}/v1/chat/completions", json=_body(False),
                    headers={"x-request-id": "a" * 300}, timeout=60)
     rid = r.headers["x-request-id"]
-    assert rid == r.json()["id"] and len(rid) == 32, rid
+    assert r.json()["id"] == f"chatcmpl-{rid}" and len(rid) == 32, rid
     r = httpx.post(f"{direct}/v1/chat/completions", json={"model": MODEL}, timeout=60)
     assert r.status_code == 400 and r.headers["x-request-id"]  # errors carry one too
 

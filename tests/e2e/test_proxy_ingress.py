@@ -35,7 +35,8 @@ def test_answers_stream_and_ids_pass_through_the_proxy(stack: str) -> None:
     r = httpx.post(f"{stack}/v1/chat/completions", json=BODY, timeout=60,
                    headers={"x-request-id": "via-proxy-1"})
     assert r.status_code == 200, r.text
-    assert r.headers["x-request-id"] == "via-proxy-1" == r.json()["id"]
+    assert r.headers["x-request-id"] == "via-proxy-1"
+    assert r.json()["id"] == "chatcmpl-via-proxy-1"  # the API's prefix on the request id
     text = r.json()["choices"][0]["message"]["content"]
     with httpx.stream("POST", f"{stack}/v1/chat/completions", json={**BODY, "stream": True},
                       timeout=60) as s:
