@@ -175,7 +175,8 @@ class ModelWorker:
                     final = self._final(item)
                     yield final
                 elif isinstance(item, TokenChunk):
-                    yield Chunk(self._replica, item.text, item.token_ids)
+                    yield Chunk(self._replica, item.text, item.token_ids, item.logprobs,
+                                item.prompt_logprobs)
                 else:
                     yield item
         finally:
@@ -194,7 +195,8 @@ class ModelWorker:
         key = loopback.open()
         self._handoffs += 1
         try:
-            yield Handoff(self._replica, Chunk(self._replica, first.text, first.token_ids),
+            yield Handoff(self._replica, Chunk(self._replica, first.text, first.token_ids,
+                                               first.logprobs, first.prompt_logprobs),
                           loopback.address or "", key)
             writer = await loopback.claim(key)
         finally:

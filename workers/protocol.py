@@ -28,6 +28,29 @@ from typing import ClassVar, Protocol, runtime_checkable
 from cache_service.events import CacheEvent
 from cache_service.hashing import token_bytes
 
+CONSTRAINT_KINDS = ("json", "json_object", "regex", "choice", "grammar")
+
+
+@dataclass(frozen=True, slots=True)
+class Constraint:
+    """Decoding held to a grammar: structured outputs and forced tool calls.
+
+    ``kind``: ``json`` (``text`` is a JSON schema, as JSON text), ``json_object`` (any JSON
+    object; ``text`` empty), ``regex`` (``text`` is the pattern, matched whole), ``choice``
+    (one of ``choices``, exactly) or ``grammar`` (``text`` is a Lark grammar in
+    llguidance's dialect: ``%json {schema}`` and ``<[token id]>`` allowed; the router's
+    forced tool calls are written so). The grammar never enters the prompt, so it never
+    changes the prompt's prefix hashes. The output must end where the grammar does: the
+    engine allows only EOS once it is complete."""
+
+    kind: str
+    text: str = ""
+    choices: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in CONSTRAINT_KINDS:
+            raise ValueError(f"constraint kind must be one of {CONSTRAINT_KINDS}")
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
@@ -37,6 +60,24 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     ignore_eos: bool = False
+    constraint: Constraint | None = None  # structured output (none: free text)
+    # The controls below default to off (docs/api.md, sampling); the engines honour each
+    # (workers.engines.mlx.sampling, the vllm engine's SamplingParams, the sim where it can).
+    top_k: int = 0  # 0 (or vLLM's -1): off
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit)
+    min_tokens: int = 0  # EOS and stop_token_ids cannot end the output before this many
+    stop_token_ids: tuple[int, ...] = ()  # end the output (also with ignore_eos)
+    bad_words: tuple[str, ...] = ()  # words the output never contains (vLLM's bad_words)
+    # Logprobs (``workers.logprobs``): None = off. ``logprobs``: each generated token's
+    # logprob and this many most likely alternatives (0: the token's own only);
+    # ``prompt_logprobs``: the same for every prompt token after the first (the engine
+    # prefills the whole prompt for it: a cached prefix holds no logits).
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,13 +90,39 @@ class GenerateRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class TopLogprob:
+    """One of a position's most likely tokens: its id, its text (as the engine decodes
+    that id alone) and its logprob."""
+
+    token_id: int
+    token: str
+    logprob: float
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One position's token (sampled, or the prompt's): its logprob, its rank among the
+    vocabulary (1: the most likely) and the position's ``top`` tokens, most likely first."""
+
+    token_id: int
+    token: str
+    logprob: float
+    rank: int = 1
+    top: tuple[TopLogprob, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class TokenChunk:
     text: str
     token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per token id, when asked for
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()  # prompt tokens 1.., on the first chunk
 
     def then(self, other: TokenChunk) -> TokenChunk:
         """This chunk and ``other`` as one (released together)."""
-        return TokenChunk(self.text + other.text, self.token_ids + other.token_ids)
+        return TokenChunk(self.text + other.text, self.token_ids + other.token_ids,
+                          self.logprobs + other.logprobs,
+                          self.prompt_logprobs or other.prompt_logprobs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,6 +328,8 @@ class Chunk:
     replica: str
     text: str
     token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprob, ...] = ()  # as ``TokenChunk``'s
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,10 @@ def _sim(cfg: ModelConfig, replica: str, block_size: int) -> Engine:
     script_path = kw.pop("script_path", None)
     if script_path is not None and not isinstance(script_path, str):
         raise ValueError(f"sim engine_kwargs.script_path must be a string, got {script_path!r}")
+    if (profile := kw.pop("profile", None)) is not None:  # fitted defaults, kwargs override
+        from workers.engines.sim.profile import load_profile
+
+        kw = {**load_profile(str(profile)), **kw}
     params = SimParams.from_kwargs(kw, block_size)
     script = SimScript.load(script_path, cfg.model_path) if script_path is not None else None
     # The model's own words, unless ids below an explicit vocab_size are asked for.

@@ -12,11 +12,13 @@ class StopMatcher:
         self._stops = tuple(s for s in stops if s)
         self._held = ""
         self.matched: str | None = None  # the stop string that was hit
+        self.armed = True  # False: stop strings are not looked for (vLLM's min_tokens)
 
     def feed(self, text: str) -> tuple[str, bool]:
         """Returns (text safe to emit, whether a stop string was hit)."""
         buf = self._held + text
-        if not self._stops:
+        if not self._stops or not self.armed:
+            self._held = ""
             return buf, False
         hits = [(i, s) for s in self._stops if (i := buf.find(s)) >= 0]
         if hits:

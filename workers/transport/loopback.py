@@ -37,9 +37,9 @@ import logging
 import secrets
 from collections.abc import AsyncIterator
 
-from workers.protocol import END_FRAME, EngineError, TokenChunk, chunk_frame
+from workers.protocol import END_FRAME, EngineError, TokenChunk
 from workers.transport.loopback_call import CallTarget, serve_call
-from workers.transport.loopback_wire import CALL_KEY, send
+from workers.transport.loopback_wire import CALL_KEY, chunk_frames, send
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,8 @@ class LoopbackServer:
                 if not isinstance(item, TokenChunk):
                     await send(writer, END_FRAME)
                     return item
-                await send(writer, chunk_frame(item.text, item.token_ids))
+                await send(writer, chunk_frames(item.text, item.token_ids, item.logprobs,
+                                                 item.prompt_logprobs))
             return None
         finally:
             writer.close()

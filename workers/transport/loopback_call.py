@@ -24,11 +24,12 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from workers.protocol import FRAME_HEADER, Chunk, Final, WorkerMessage, WorkRequest, chunk_frame
+from workers.protocol import FRAME_HEADER, Chunk, Final, WorkerMessage, WorkRequest
 from workers.transport.loopback_wire import (
     BUSY_FRAME,
     MAX_REQUEST_BYTES,
     REQUEST,
+    chunk_frames,
     error_frame,
     final_frame,
     ids_in_steps,
@@ -100,7 +101,8 @@ async def _pump(writer: asyncio.StreamWriter, messages: AsyncIterator[WorkerMess
     try:
         async for msg in messages:
             if isinstance(msg, Chunk):
-                await send(writer, chunk_frame(msg.text, msg.token_ids))
+                await send(writer, chunk_frames(msg.text, msg.token_ids, msg.logprobs,
+                                                 msg.prompt_logprobs))
             elif isinstance(msg, Final):
                 await send(writer, final_frame(msg))
             else:

@@ -18,6 +18,7 @@ import json
 import math
 import sys
 from array import array
+from dataclasses import replace
 from typing import Any
 
 from cache_service.events import AllBlocksCleared, BlockRemoved, BlockStored, CacheEvent
@@ -25,16 +26,22 @@ from cache_service.hashing import U32Ids, token_bytes
 from workers.protocol import (
     CHUNK,
     FRAME_HEADER,
+    Constraint,
     Final,
     Rejected,
     SamplingParams,
+    TokenLogprob,
+    TopLogprob,
     Usage,
     WorkRequest,
+    chunk_frame,
 )
+from workers.transport.sampling_wire import controls, with_controls
 
 CALL_KEY = "call"  # the handshake's first word for a call (a stream's slot keys are hex)
 FINAL, REJECTED, ERROR, BUSY, REQUEST = 3, 4, 5, 6, 7
-KINDS = frozenset({CHUNK, FINAL, REJECTED, ERROR, BUSY})  # worker → router
+LOGPROBS = 8  # a CHUNK with its logprobs (``chunk_frames``)
+KINDS = frozenset({CHUNK, FINAL, REJECTED, ERROR, BUSY, LOGPROBS})  # worker → router
 BUSY_FRAME = FRAME_HEADER.pack(BUSY, 0)
 MAX_REQUEST_BYTES = 64 << 20  # 16M token ids: far above any context window
 IDS_STEP = 16384  # token ids parsed per step of the replica's loop (``ids_in_steps``)
@@ -88,8 +95,29 @@ def request_frame(work: WorkRequest) -> bytes:
         "lease_s": work.lease_s, "background": work.background,
         "sampling": [s.max_tokens, s.temperature, s.top_p, list(s.stop), s.seed,
                      s.ignore_eos],
+        "constraint": _constraint_head(s.constraint),
+        "controls": controls(s),
+        "logprobs": [s.logprobs, s.prompt_logprobs],
     }).encode()
     return frame(REQUEST, len(head).to_bytes(4, "little") + head + token_bytes(work.token_ids))
+
+
+def _constraint_head(c: Constraint | None) -> list[Any] | None:
+    return None if c is None else [c.kind, c.text, list(c.choices)]
+
+
+def _parse_constraint(v: Any) -> Constraint | None:
+    if v is None:
+        return None
+    if not isinstance(v, list) or len(v) != 3:
+        raise ValueError("loopback request: bad constraint")
+    kind, text, choices = v
+    try:
+        return Constraint(_typed(kind, (str,), "constraint"), _typed(text, (str,), "constraint"),
+                          tuple(_typed(c, (str,), "constraint")
+                                for c in _typed(choices, (list,), "constraint")))
+    except ValueError as e:
+        raise ValueError(f"loopback request: bad constraint: {e}") from e
 
 
 def _typed(value: Any, kinds: tuple[type, ...], name: str) -> Any:
@@ -132,18 +160,22 @@ def parse_request(payload: bytes, token_ids: list[int] | None = None) -> WorkReq
                                      for k, v in trace.items()):
         raise ValueError("loopback request: bad trace")
     stop = tuple(_typed(x, (str,), "stop") for x in _typed(stop, (list,), "stop"))
-    return WorkRequest(
+    logprobs, prompt_logprobs = _logprob_counts(head.get("logprobs", [None, None]))
+    work = WorkRequest(
         request_id=_typed(head.get("request_id"), (str,), "request_id"),
         token_ids=_from_ids(ids) if token_ids is None else token_ids,
         sampling=SamplingParams(int(_number(_typed(mt, (int,), "max_tokens"), "max_tokens", 1)),
                                 _number(temp, "temperature"), _number(top_p, "top_p"), stop,
                                 _typed(seed, (int, type(None)), "seed"),
-                                _typed(ignore_eos, (bool,), "ignore_eos")),
+                                _typed(ignore_eos, (bool,), "ignore_eos"),
+                                constraint=_parse_constraint(head.get("constraint")),
+                                logprobs=logprobs, prompt_logprobs=prompt_logprobs),
         trace=trace,
         cache_salt=_typed(head.get("cache_salt"), (str, type(None)), "cache_salt"),
         lease_s=_number(head.get("lease_s"), "lease_s"),
         background=_typed(head.get("background"), (bool,), "background"),
     )
+    return replace(work, sampling=with_controls(work.sampling, head.get("controls")))
 
 
 def _event(e: CacheEvent) -> list[Any]:
@@ -195,3 +227,57 @@ def parse_rejected(payload: bytes | memoryview) -> Rejected:
 
 def error_frame(message: str) -> bytes:
     return frame(ERROR, message.encode()[:4096])
+
+
+def _logprob_counts(v: Any) -> tuple[int | None, int | None]:
+    if not isinstance(v, list) or len(v) != 2:
+        raise ValueError("loopback request: bad logprobs")
+    return tuple(None if n is None else int(_number(_typed(n, (int,), "logprobs"), "logprobs"))
+                 for n in v)  # type: ignore[return-value]
+
+
+def chunk_frames(text: str, token_ids: tuple[int, ...], logprobs: tuple[TokenLogprob, ...] = (),
+                 prompt: tuple[TokenLogprob, ...] = ()) -> bytes:
+    """A chunk's ``CHUNK`` frame or, when it carries logprobs, its ``LOGPROBS`` frame:
+    ``<n:u32 LE>`` n bytes of JSON (the logprobs), then a ``CHUNK`` frame's payload."""
+    chunk = chunk_frame(text, token_ids)
+    if not logprobs and not prompt:
+        return chunk
+    body = json.dumps([[_logprob(x) for x in logprobs], [_logprob(x) for x in prompt]]).encode()
+    return frame(LOGPROBS, len(body).to_bytes(4, "little") + body
+                 + chunk[FRAME_HEADER.size:])
+
+
+def _logprob(x: TokenLogprob) -> list[Any]:
+    return [x.token_id, x.token, x.logprob, x.rank,
+            [[t.token_id, t.token, t.logprob] for t in x.top]]
+
+
+def parse_logprobs(payload: memoryview) -> tuple[
+        memoryview, tuple[TokenLogprob, ...], tuple[TokenLogprob, ...]]:
+    """(its ``CHUNK`` payload, the tokens' logprobs, the prompt's) of a ``LOGPROBS``
+    frame's payload; ``ValueError`` if it is not one."""
+    n = int.from_bytes(payload[:4], "little")
+    if len(payload) < 4 + n:
+        raise ValueError("loopback chunk: bad lengths")
+    v = json.loads(bytes(payload[4:4 + n]))
+    if not isinstance(v, list) or len(v) != 2 or not all(isinstance(p, list) for p in v):
+        raise ValueError("loopback chunk: bad logprobs")
+    chunk = memoryview(bytes(payload[4 + n:]))  # a copy: the caller's buffer may resize
+    return chunk, tuple(map(_parse_logprob, v[0])), tuple(map(_parse_logprob, v[1]))
+
+
+def _parse_logprob(v: Any) -> TokenLogprob:
+    if not isinstance(v, list) or len(v) != 5 or not isinstance(v[4], list):
+        raise ValueError("loopback chunk: bad logprob")
+    top = tuple(TopLogprob(*_top(t)) for t in v[4])
+    return TokenLogprob(*_top(v[:3]), rank=_typed(v[3], (int,), "rank"), top=top)
+
+
+def _top(v: Any) -> tuple[int, str, float]:
+    if not isinstance(v, list) or len(v) != 3:
+        raise ValueError("loopback chunk: bad logprob")
+    lp = float(_typed(v[2], (int, float), "logprob"))
+    if lp != lp or lp > 0:  # NaN, or above log(1)
+        raise ValueError("loopback chunk: bad logprob")
+    return _typed(v[0], (int,), "token id"), _typed(v[1], (str,), "token"), lp

@@ -7,9 +7,10 @@ is tens of microseconds: per-token overhead was over half the router's CPU per a
 turn (docs/benchmarks.md, router overhead). vLLM, SGLang and TensorRT-LLM offer the same knob
 (``stream_interval``, in tokens, default 1); here it is in time, so a slow stream is
 never held: with 40 ms between tokens, a 20 ms interval changes nothing. kvroute's
-default is 20 ms: 50 chunks a second is more than a reader or an agent's parser uses,
-and on a 100 tok/s stream through Serve's proxy it takes a third off the router tier's
-CPU per request (docs/benchmarks.md, "Stream pacing on by default").
+default is 0 (off: a chunk per token, as vLLM's and SGLang's), because every benchmark
+tool reads a chunk of k tokens as one inter-token gap of k TPOTs; 20 ms (50 chunks a
+second, more than a reader or an agent's parser uses) takes CPU off the router tier on
+fast streams (docs/benchmarks.md, "Stream pacing and the stream transport").
 
 Never held: the first chunk (time to first token), and the end (a ``Finished`` or a
 ``Rejected`` flushes what is held and follows at once).

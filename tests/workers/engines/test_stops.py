@@ -25,3 +25,12 @@ def test_partial_match_is_released_when_it_diverges() -> None:
 
 def test_earliest_of_several_stops_wins() -> None:
     assert _run(("bb", "a"), ["xxbba"]) == ("xx", True)
+
+
+def test_an_unarmed_matcher_passes_text_through_and_holds_nothing() -> None:
+    m = StopMatcher(("STOP",))
+    m.armed = False
+    assert m.feed("a ST") == ("a ST", False)
+    assert m.feed("OP b") == ("OP b", False)
+    m.armed = True
+    assert m.feed("x STOP y") == ("x ", True)

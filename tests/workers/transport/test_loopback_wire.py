@@ -17,7 +17,9 @@ from hypothesis import strategies as st
 from cache_service.events import AllBlocksCleared, BlockRemoved, BlockStored
 from cache_service.hashing import U32Ids, token_bytes
 from workers.protocol import (
+    CONSTRAINT_KINDS,
     FRAME_HEADER,
+    Constraint,
     Final,
     Rejected,
     SamplingParams,
@@ -43,6 +45,8 @@ from workers.transport.loopback_wire import (
 
 ids = st.lists(st.integers(0, 2**32 - 1), max_size=300)
 texts = st.text(max_size=40)
+constraints = st.none() | st.builds(Constraint, st.sampled_from(CONSTRAINT_KINDS), texts,
+                                    st.lists(texts, max_size=3).map(tuple))
 
 
 def payload(frame: bytes, kind: int) -> bytes:
@@ -55,13 +59,15 @@ def payload(frame: bytes, kind: int) -> bytes:
        temp=st.floats(0, 2), top_p=st.floats(0, 1), stop=st.lists(texts, max_size=4),
        seed=st.none() | st.integers(-(2**63), 2**63 - 1), ignore_eos=st.booleans(),
        trace=st.none() | st.dictionaries(texts, texts, max_size=3),
-       salt=st.none() | texts, lease=st.floats(0, 1e6), background=st.booleans())
+       salt=st.none() | texts, lease=st.floats(0, 1e6), background=st.booleans(),
+       constraint=constraints)
 def test_a_request_round_trips(rid: str, token_ids: list[int], mt: int, temp: float,
                                top_p: float, stop: list[str], seed: int | None,
                                ignore_eos: bool, trace: dict[str, str] | None,
-                               salt: str | None, lease: float, background: bool) -> None:
+                               salt: str | None, lease: float, background: bool,
+                               constraint: Constraint | None) -> None:
     work = WorkRequest(rid, token_ids, SamplingParams(mt, temp, top_p, tuple(stop), seed,
-                                                      ignore_eos),
+                                                      ignore_eos, constraint),
                        trace, salt, lease, None, background)
     got = parse_request(payload(request_frame(work), REQUEST))
     assert got == work
@@ -127,6 +133,11 @@ def _head(**over: object) -> bytes:
     _head(sampling=[8, float("nan"), 1.0, [], None, False]),
     _head(sampling=[8, 0.0, float("inf"), [], None, False]),
     _head(lease_s=-1.0),
+    _head(constraint=["json"]),
+    _head(constraint=["bogus", "", []]),  # not a kind of constraint
+    _head(constraint=["regex", 5, []]),
+    _head(constraint=["choice", "", [1]]),
+    _head(constraint={"kind": "json"}),
 ])
 def test_a_malformed_request_is_a_value_error(raw: bytes) -> None:
     with pytest.raises(ValueError):

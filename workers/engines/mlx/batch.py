@@ -17,13 +17,13 @@ thread-safe inbox (submit / cancel / stop) and per-request asyncio queues fed wi
    returned KV in the ``PrefixKVStore`` keyed by exactly the tokens it covers,
    which turns into precise ``BlockStored``/``BlockRemoved`` events.
 
-Sampling: greedy requests share one batched argmax. A request with a seed gets its
-own PRNG key chain, so its draws do not depend on what else is in the batch (the
-logits themselves can still differ in the last bits with the batch shape). Seedless
-requests draw from MLX's global generator. Each job's sampler is built on its own
-(``_samplers``): sampling input the engine cannot use (a seed outside ``[0, 2**64)``,
-which ``mx.random.key`` refuses) fails that job alone with ``SamplingError``, which the
-worker shim returns as a 400; the other sequences in the batch never see it.
+Sampling (``workers.engines.mlx.sampling``): each job gets its own sampler (None: greedy
+requests share one batched argmax), logits processors (logit bias, min tokens, bad words,
+penalties) and stop token ids (EOS unless ``ignore_eos``, plus ``stop_token_ids``), all
+built under a guard of their own (``_samplers``): sampling input the engine cannot use
+(a seed outside ``[0, 2**64)``, which ``mx.random.key`` refuses) fails that job alone with
+``SamplingError``, which the worker shim returns as a 400; the other sequences in the batch
+never see it.
 """
 
 from __future__ import annotations
@@ -33,20 +33,22 @@ import gc
 import logging
 import queue
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 from cache_service.hashing import model_salt
+from workers.engines.mlx import logprobs as lp
+from workers.engines.mlx.grammar import Grammars, constrained
 from workers.engines.mlx.jobs import BatchConfig, Job
 from workers.engines.mlx.kv_disk import mlx_disk_tier, model_fingerprint
 from workers.engines.mlx.kv_store import PrefixKVStore
+from workers.engines.mlx.sampling import SamplingError, SequenceSampling
 from workers.engines.stops import StopMatcher
 from workers.protocol import (
     EngineError,
     Finished,
-    InputRejected,
-    SamplingParams,
     TokenChunk,
     Usage,
 )
@@ -63,46 +65,13 @@ class _Seq:
     stops: StopMatcher
     generated: int = 0
     held: list[int] = field(default_factory=list)  # ids whose text the StopMatcher holds
+    logprobs: lp.SeqLogprobs | None = None  # asked for (``workers.engines.mlx.logprobs``)
 
-
-SEED_RANGE = (0, 2**64)  # what mx.random.key takes
-
-
-class SamplingError(InputRejected):
-    """A job's sampling parameters the engine cannot use: the caller's input (a 400)."""
-
-
-class _SeededSampler:
-    """Temperature/top-p sampling from a per-request PRNG key chain."""
-
-    def __init__(self, seed: int, temperature: float, top_p: float) -> None:
-        import mlx.core as mx
-
-        self._key = mx.random.key(seed)
-        self._inv_temp, self._top_p = 1.0 / temperature, top_p
-
-    def __call__(self, logprobs: Any) -> Any:
-        import mlx.core as mx
-        from mlx_lm.sample_utils import apply_top_p
-
-        self._key, sub = mx.random.split(self._key)
-        if 0.0 < self._top_p < 1.0:
-            logprobs = apply_top_p(logprobs, self._top_p)
-        return mx.random.categorical(logprobs * self._inv_temp, key=sub)
-
-
-def make_sampler(sp: SamplingParams) -> Any:
-    """None (the batch's shared greedy sampler) or a per-request sampler."""
-    from mlx_lm.sample_utils import make_sampler as mlx_sampler
-
-    if sp.temperature <= 0:
-        return None
-    if sp.seed is None:
-        return mlx_sampler(sp.temperature, sp.top_p)
-    lo, hi = SEED_RANGE
-    if not lo <= sp.seed < hi:
-        raise SamplingError(f"seed: the mlx engine takes seeds in [0, 2**64), got {sp.seed}")
-    return _SeededSampler(sp.seed, sp.temperature, sp.top_p)
+    def chunk(self, text: str) -> TokenChunk:
+        """The held tokens as one chunk of ``text``."""
+        if self.logprobs is None:
+            return TokenChunk(text, tuple(self.held))
+        return self.logprobs.chunk(text, self.held)
 
 
 class BatchLoop:
@@ -122,11 +91,15 @@ class BatchLoop:
         self._closed = False
         self._seqs: dict[int, _Seq] = {}
         self._new: list[Job] = []
+        self._prompts: dict[int, lp.SeqLogprobs] = {}  # by id(job): prompt logprobs read
         self._model: Any = None
         self._tokenizer: Any = None
         self._gen: Any = None
         self._eos: Any = None
         self._no_eos: Any = None
+        self._eos_ids: list[int] = []
+        self._grammars: Grammars | None = None  # constrained decoding (workers.engines.mlx.grammar)
+        self._text: lp.TokenText | None = None
 
     # -- any thread ----------------------------------------------------------------
     def submit(self, job: Job) -> None:
@@ -167,8 +140,11 @@ class BatchLoop:
             ) from e
         c = self.cfg
         self._model, self._tokenizer = load(c.model_path)
-        self._eos = StopSequences([[t] for t in sorted(self._tokenizer.eos_token_ids)])
+        self._eos_ids = sorted(self._tokenizer.eos_token_ids)
+        self._eos = StopSequences([[t] for t in self._eos_ids])
         self._no_eos = StopSequences()
+        self._grammars = Grammars(self._tokenizer._tokenizer, self._eos_ids)
+        self._text = lp.TokenText(self._tokenizer)
         self.store = PrefixKVStore(
             c.model_name, c.replica_id, c.cache_bytes, c.block_size,
             model_salt(c.model_name), _kv_nbytes, c.max_cache_entries,
@@ -242,12 +218,14 @@ class BatchLoop:
     def _insert(self) -> None:
         # Jobs stay in self._new until inserted, so _fail_all reaches them if this raises.
         self._new, samplers = self._samplers(self._new)
+        self._new, processors = constrained(self._grammars, self._new)
         args: list[tuple[Job, list[Any], int]] = []
         for job in self._new:
             if job.aborted.is_set() or job.request.sampling.max_tokens <= 0:
                 self._finish_unstarted(job, "abort" if job.aborted.is_set() else "length")
                 continue
-            cache, reused = self._fetch_cache(job)
+            cache, reused = self._fetch_cache(job) if job.request.sampling.prompt_logprobs \
+                is None else self._prompt_pass(job)
             job.prefill_left = len(job.request.token_ids) - reused
             args.append((job, cache, reused))
         if not args:
@@ -259,14 +237,20 @@ class BatchLoop:
             max_tokens=[r.sampling.max_tokens for r in reqs],
             caches=[cache for _, cache, _ in args],
             all_tokens=[job.request.token_ids[:n] for job, _, n in args],  # what the KV covers
-            samplers=[samplers[id(job)] for job, _, _ in args],
-            stop_sequences=[self._no_eos if r.sampling.ignore_eos else self._eos for r in reqs],
+            samplers=[samplers[id(job)].sampler for job, _, _ in args],
+            # the grammar's mask last: no bias or penalty can lift a token it forbids
+            logits_processors=[[*samplers[id(job)].processors, *processors.get(id(job), ())]
+                               for job, _, _ in args],
+            stop_sequences=[self._stops(samplers[id(job)].stops) for job, _, _ in args],
         )
         self._new = []
         for (job, _, reused), uid in zip(args, uids, strict=True):
             job.uid = uid
             stops = StopMatcher(job.request.sampling.stop)
-            self._seqs[uid] = _Seq(job, reused, self._tokenizer.detokenizer, stops)
+            seq = self._seqs[uid] = _Seq(job, reused, self._tokenizer.detokenizer, stops)
+            seq.logprobs = self._prompts.pop(id(job), None) or lp.asks(job.request)
+            if job.request.sampling.prompt_logprobs is not None:
+                seq.reused = 0  # prefilled whole here: none of it came from the cache
 
     def _samplers(self, jobs: list[Job]) -> tuple[list[Job], dict[int, Any]]:
         """Each job's sampler, built under its own guard: a job whose sampling input the
@@ -275,7 +259,9 @@ class BatchLoop:
         samplers: dict[int, Any] = {}
         for job in jobs:
             try:
-                samplers[id(job)] = make_sampler(job.request.sampling)
+                samplers[id(job)] = SequenceSampling(
+                    job.request.sampling, len(job.request.token_ids), self._eos_ids,
+                    self._encode)
             except Exception as e:  # the caller's input, not the batch's fault
                 err = e if isinstance(e, SamplingError) else SamplingError(f"sampling: {e}")
                 job.prefill_left = 0
@@ -283,6 +269,17 @@ class BatchLoop:
                 continue
             kept.append(job)
         return kept, samplers
+
+    def _stops(self, ids: list[int]) -> Any:
+        """The ``StopSequences`` of these stop ids (EOS alone and none are shared)."""
+        from mlx_lm.generate import StopSequences
+
+        if ids == self._eos_ids:
+            return self._eos
+        return StopSequences([[t] for t in ids]) if ids else self._no_eos
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self._tokenizer.encode(text, add_special_tokens=False))
 
     def _step(self) -> None:
         with self._gen.stats() as work:
@@ -293,20 +290,24 @@ class BatchLoop:
             if seq := self._seqs.get(r.uid):
                 done, total = r.progress
                 seq.job.prefill_left = 0 if r.end_of_prompt else max(0, total - done)
+        lp.attach(((s.logprobs, r.token, r.logprobs) for r in gen_responses
+                   if (s := self._seqs.get(r.uid)) and s.logprobs and r.finish_reason != "stop"),
+                  self._text)  # type: ignore[arg-type]
         for r in gen_responses:
             if seq := self._seqs.get(r.uid):
                 self._on_token(seq, r)
         self.active_bytes = int(self._gen.prompt_cache_nbytes)
 
     def _on_token(self, seq: _Seq, r: Any) -> None:
-        if r.finish_reason == "stop":  # EOS ids are the only token stop sequences
+        if r.finish_reason == "stop":  # an EOS or stop token id: neither emitted nor counted
             return self._finish(seq, "stop", r.prompt_cache, r.all_tokens)
         seq.generated += 1
+        seq.stops.armed = seq.generated > seq.job.request.sampling.min_tokens  # as vLLM
         seq.held.append(r.token)
         seq.detok.add_token(r.token)
         text, hit = seq.stops.feed(seq.detok.last_segment)
         if text or hit:
-            seq.job.put(TokenChunk(text, tuple(seq.held)))
+            seq.job.put(seq.chunk(text))
             seq.held = []
         if r.finish_reason is not None:  # already out of the batch
             self._finish(seq, "stop" if hit else "length", r.prompt_cache, r.all_tokens, hit)
@@ -327,7 +328,7 @@ class BatchLoop:
             reason = "stop" if hit else reason
             tail += "" if hit else seq.stops.flush()
         if tail or seq.held:
-            job.put(TokenChunk(tail, tuple(seq.held)))
+            job.put(seq.chunk(tail))
         self._store_cache(job.request.token_ids, tokens, cache, job.request.cache_salt,
                           job.request.lease_s)
         usage = job.usage(seq.generated, seq.reused)
@@ -351,6 +352,7 @@ class BatchLoop:
             job.put(error)
         self._seqs.clear()
         self._new = []
+        self._prompts.clear()
         if self._gen is not None:
             self._gen.close()
             self._gen = self._new_generator()
@@ -389,6 +391,16 @@ class BatchLoop:
             mx.synchronize()
         except ImportError:  # pragma: no cover - never loaded
             pass
+
+    def _prompt_pass(self, job: Job) -> tuple[list[Any], int]:
+        """The prompt prefilled here, its logprobs read on the way (kept for its _Seq)."""
+        assert self._text is not None
+        started = time.perf_counter()
+        cache, n, self._prompts[id(job)] = lp.prompt_pass(
+            self._model, job.request, self._prefill_settings()[0], self._text)
+        self.prefill_tokens_total += n
+        self.prefill_busy_s += time.perf_counter() - started
+        return cache, n
 
     # -- prefix KV store ----------------------------------------------------------
     def _fetch_cache(self, job: Job) -> tuple[list[Any], int]:

@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator
 
 from cache_service.events import CacheEvent
 from workers.engines.mlx.batch import BatchLoop, SamplingError
+from workers.engines.mlx.grammar import GrammarError
 from workers.engines.mlx.jobs import BatchConfig, Job
 from workers.engines.mlx.kv_disk import reload_cost
 from workers.protocol import (
@@ -104,7 +105,8 @@ class MlxEngine:
                     done = isinstance(item, Finished | BaseException)
                     if done:  # not ongoing any more, even if the consumer never resumes us
                         self._forget(job)
-                    if isinstance(item, SamplingError):  # this job's input alone: a 400
+                    # this job's input alone (sampling, a grammar): a 400
+                    if isinstance(item, SamplingError | GrammarError):
                         raise item
                     if isinstance(item, BaseException):
                         raise EngineError(f"mlx generation failed: {item}") from item

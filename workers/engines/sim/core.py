@@ -15,6 +15,10 @@ Dynamo's mocker or llm-d's inference simulator); it runs no model. The model:
   and their reload runs in the prefill slot: the prefill takes ``uncached / P + reloaded /
   R`` seconds. The prefill work is counted in prefill tokens: a reloaded token costs
   ``reload_cost = P / R`` of one (reported in the load, so the router prices it alike).
+  Two more costs, both 0 by default and fitted to a real engine by ``kvroute bench
+  calibrate``: ``prefill_base_s``, a fixed time per prefill, and ``cache_load_tok_s``, the
+  rate a device-cached prefix is taken up at (mlx copies the cached KV); both count as
+  prefill work in tokens (``P * prefill_base_s``, ``cached * P / cache_load_tok_s``).
 * Prefill: FIFO, one request at a time. When a request reaches the head, its hit is the
   longest cached leading run of its hashes; ``cached_tokens = min(hit * block_size,
   prompt_len - 1)`` (at least one token is computed, to produce the first token, as vLLM
@@ -29,7 +33,9 @@ Dynamo's mocker or llm-d's inference simulator); it runs no model. The model:
   decoding at that moment.
 * Tokens: ``sim_token(prompt_key, seed, position)``, a pure function. With
   ``eos_every = k > 0`` the k-th decode step yields EOS: finish "stop" after k-1 tokens
-  (EOS itself is not emitted nor counted, as in the mlx adapter). A request may instead
+  (EOS itself is not emitted nor counted, as in the mlx adapter), or after ``min_tokens``
+  when that is more. A token among ``stop_ids`` ends the output the same way, once
+  ``min_tokens`` are out. A request may instead
   carry ``script``, token ids chosen by the adapter (``workers.engines.sim.script``): they are
   emitted in order, and the request finishes "stop" with its last one (``eos_every`` and
   ``eos`` do not apply), or "length" first if ``max_tokens`` is smaller.
@@ -78,6 +84,8 @@ class SimParams:
     host_kv_blocks: int = 0  # C2: host-tier blocks (0: no host tier)
     host_reload_tok_s: float = 120000.0  # R: host -> device reload rate
     lease_fraction: float = 0.25  # most of C that leases may hold
+    prefill_base_s: float = 0.0  # fixed time of every prefill (a forward pass's own cost)
+    cache_load_tok_s: float = 0.0  # rate a device-cached prefix is taken up at; 0: free
 
     def __post_init__(self) -> None:
         if self.host_kv_blocks < 0 or self.host_reload_tok_s <= 0:
@@ -90,6 +98,8 @@ class SimParams:
             raise ValueError("prefill_tok_s must be > 0, tpot_s and tpot_per_batch_s >= 0")
         if self.eos_every < 0:
             raise ValueError("eos_every must be >= 0")
+        if self.prefill_base_s < 0 or self.cache_load_tok_s < 0:
+            raise ValueError("prefill_base_s and cache_load_tok_s must be >= 0")
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any], block_size: int) -> SimParams:
@@ -123,6 +133,9 @@ class SimRequest:
     eos: bool = True  # False = ignore EOS (SamplingParams.ignore_eos)
     script: tuple[int, ...] | None = None  # scripted reply: emitted instead of sim_token
     lease_s: float = 0.0  # keep the prompt's blocks this long after the request finishes
+    min_tokens: int = 0  # EOS and stop ids cannot end the output before this many tokens
+    stop_ids: frozenset[int] = frozenset()  # a token among them ends the output (not emitted)
+    prefill_all: bool = False  # no cached prefix counts (prompt logprobs need every logit)
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,10 +320,16 @@ class SimCore:
     def _work(self, req: SimRequest, hit: int, host: int) -> tuple[int, int, int]:
         """(prefill work in tokens, cached tokens, of which reloaded from host): at least
         one token is computed; a reloaded token costs ``reload_cost`` of a prefill token."""
-        cached = min(hit * self.params.block_size, req.prompt_len - 1)
-        host_tok = min(host * self.params.block_size, cached)
-        reload = math.ceil(host_tok * self.params.reload_cost)
-        return req.prompt_len - cached + reload, cached, host_tok
+        p = self.params
+        if req.prefill_all:
+            hit = host = 0
+        cached = min(hit * p.block_size, req.prompt_len - 1)
+        host_tok = min(host * p.block_size, cached)
+        reload = math.ceil(host_tok * p.reload_cost)
+        if p.cache_load_tok_s > 0:  # the device-cached part is not free either
+            reload += math.ceil((cached - host_tok) * p.prefill_tok_s / p.cache_load_tok_s)
+        base = math.ceil(p.prefill_base_s * p.prefill_tok_s)
+        return req.prompt_len - cached + reload + base, cached, host_tok
 
     def _start_next(self, t: float) -> None:
         if self._prefilling is not None or not self._waiting:
@@ -364,6 +383,9 @@ class SimCore:
                 tok = self._token(spec, i)
             else:
                 tok = script[i]
+            if tok in spec.stop_ids and i >= spec.min_tokens and script is None:
+                self._pending.append(self._finish(r, self._now, "stop"))  # as EOS: not emitted
+                return
             r.generated += 1
             self._pending.append(SimToken(spec.request_id, self._now, tok, i))
             if script is not None and r.generated == len(script):
@@ -383,7 +405,8 @@ class SimCore:
         """Whether decode step ``i`` (0-based) yields EOS instead of a token."""
         if spec.script is not None:
             return i >= len(spec.script)  # only an empty script gets here
-        return spec.eos and self.params.eos_every > 0 and i + 1 == self.params.eos_every
+        every = self.params.eos_every  # min_tokens holds EOS back until that many tokens
+        return spec.eos and every > 0 and i + 1 == max(every, spec.min_tokens + 1)
 
     def _finish(self, r: _Req, t: float, reason: str) -> SimFinish:
         spec = r.spec

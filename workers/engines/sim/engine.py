@@ -13,12 +13,19 @@ the router's hashes. Output tokens are whole words of the model's own tokenizer 
 model folder has one (``workers.engines.sim.vocab``: the text tokenizes back to the same
 ids), else ``f" w{t}"`` per token ``t``; stop strings are matched on that text
 (``StopMatcher``) and end the request with finish_reason "stop".
-Temperature and top_p are ignored: output is a pure function of (prompt, seed, position).
+Of the sampling controls it honours ``max_tokens``, ``seed``, stop strings, ``ignore_eos``,
+``min_tokens`` and ``stop_token_ids``; the others (temperature, top-p, top-k, min-p, the
+penalties, logit bias, bad words) are accepted with no effect: the output is a pure
+function of (prompt, seed, position).
 
 With a ``script`` (``workers.engines.sim.script.SimScript``, from ``engine_kwargs.script_path``)
 a prompt that matches one of its rules gets the rule's reply instead: the core emits the
 reply's real token ids and this adapter streams their real text, so the router's tool-call
 parser sees the model's own markup. Without a script no prompt is decoded.
+
+A request with a ``Constraint`` (structured output, a forced tool call) that no script
+rule answers gets a minimal reply the constraint accepts (``workers.engines.sim.structured``),
+spelled with the model's tokenizer when there is one.
 """
 
 from __future__ import annotations
@@ -41,6 +48,8 @@ from cache_service.hashing import (
     token_bytes,
 )
 from workers.engines.sim.core import LABEL, SimCore, SimFinish, SimOutput, SimParams, SimRequest
+from workers.engines.sim.logprobs import SimLogprobs
+from workers.engines.sim.structured import spelled
 from workers.engines.sim.vocab import SimVocab
 from workers.engines.stops import StopMatcher
 from workers.protocol import (
@@ -48,7 +57,9 @@ from workers.protocol import (
     Finished,
     GenerateRequest,
     LoadStats,
+    SamplingParams,
     TokenChunk,
+    TokenLogprob,
     Usage,
     take_ready,
 )
@@ -65,18 +76,48 @@ def token_text(token_id: int) -> str:
     return f" w{token_id}"
 
 
+def sim_logprobs(stream: _Stream, sp: SamplingParams, prompt: list[int]) -> None:
+    """Give ``stream`` its synthetic logprobs (``workers.engines.sim.logprobs``), if asked."""
+    if sp.logprobs is None and sp.prompt_logprobs is None:
+        return
+    vocab = stream.vocab
+    lp = SimLogprobs(vocab.ids if vocab else None,
+                     token_text if vocab is None else lambda t: vocab.texts.get(t, token_text(t)))
+    if sp.logprobs is not None:
+        stream.logprobs, stream.top = lp, sp.logprobs
+    if sp.prompt_logprobs is not None:
+        stream.prompt_logprobs = lp.prompt(prompt, sp.prompt_logprobs)
+
+
 @dataclass(slots=True)
 class _Stream:
     stops: StopMatcher
     queue: asyncio.Queue[TokenChunk | Finished] = field(default_factory=asyncio.Queue)
     held: list[int] = field(default_factory=list)  # ids whose text the StopMatcher holds
     pieces: tuple[str, ...] | None = None  # a scripted reply's text per token
+    min_tokens: int = 0
     vocab: SimVocab | None = None
+    logprobs: SimLogprobs | None = None  # when the request asks for them
+    top: int = 0
+    held_logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()  # sent with the first chunk
 
     def text(self, token_id: int, index: int) -> str:
         if self.pieces is not None:
             return self.pieces[index]
         return token_text(token_id) if self.vocab is None else self.vocab.text(token_id)
+
+    def hold(self, token_id: int, index: int, text: str) -> None:
+        self.held.append(token_id)
+        if self.logprobs is not None:
+            self.held_logprobs.append(self.logprobs.at(token_id, index, self.top, text))
+
+    def release(self, text: str) -> TokenChunk:
+        """The held tokens as one chunk of ``text``."""
+        chunk = TokenChunk(text, tuple(self.held), tuple(self.held_logprobs),
+                           self.prompt_logprobs)
+        self.held, self.held_logprobs, self.prompt_logprobs = [], [], ()
+        return chunk
 
 
 class SimEngine:
@@ -136,6 +177,10 @@ class SimEngine:
         # list of 155k ints took 5.7 ms of the loop (a plain list here: 2.2 ms).
         ids = np.frombuffer(token_bytes(request.token_ids), dtype="<u4")
         reply = self._script.reply_for(request.token_ids) if self._script else None
+        if sp.constraint is not None and reply is None:  # a valid reply without a model
+            from workers.engines.sim.script import ScriptedReply
+
+            reply = ScriptedReply(*spelled(sp.constraint, self._vocab and self._vocab.tokenizer))
         hashes = block_hashes(ids, self.params.block_size,
                               tenant_salt(self._salt, request.cache_salt))
         if self._tap is not None:
@@ -150,9 +195,13 @@ class SimEngine:
             eos=not sp.ignore_eos,
             script=reply.token_ids if reply else None,
             lease_s=request.lease_s,
+            min_tokens=sp.min_tokens,
+            stop_ids=frozenset(sp.stop_token_ids),
+            prefill_all=sp.prompt_logprobs is not None,
         )
         stream = _Stream(StopMatcher(sp.stop), pieces=reply.pieces if reply else None,
-                         vocab=self._vocab)
+                         vocab=self._vocab, min_tokens=sp.min_tokens)
+        sim_logprobs(stream, sp, request.token_ids)
         self._streams[rid] = stream
         self._core.submit(spec, self._now())
         self._reschedule()
@@ -245,11 +294,12 @@ class SimEngine:
             if isinstance(out, SimFinish):
                 self._finish(out.request_id, stream, out)
                 continue
-            stream.held.append(out.token_id)
-            text, hit = stream.stops.feed(stream.text(out.token_id, out.index))
+            piece = stream.text(out.token_id, out.index)
+            stream.hold(out.token_id, out.index, piece)
+            stream.stops.armed = out.index >= stream.min_tokens  # stop strings after min_tokens
+            text, hit = stream.stops.feed(piece)
             if text or hit:
-                stream.queue.put_nowait(TokenChunk(text, tuple(stream.held)))
-                stream.held = []
+                stream.queue.put_nowait(stream.release(text))
             if hit:
                 # A late tick can take the core past this token and to the request's end
                 # in one advance: then cancel finds nothing and its SimFinish is in outputs.
@@ -262,8 +312,7 @@ class SimEngine:
     def _finish(self, rid: str, stream: _Stream, fin: SimFinish) -> None:
         tail = stream.stops.flush() if fin.reason != "abort" else ""
         if tail or stream.held:
-            stream.queue.put_nowait(TokenChunk(tail, tuple(stream.held)))
-            stream.held = []
+            stream.queue.put_nowait(stream.release(tail))
         usage = Usage(fin.prompt_tokens, fin.completion_tokens, fin.cached_tokens,
                       fin.host_cached_tokens)
         stream.queue.put_nowait(Finished(usage, fin.reason, stream.stops.matched))

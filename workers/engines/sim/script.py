@@ -13,7 +13,8 @@ For each request the prompt's token ids are decoded with the model's tokenizer
 (``tokenizer.json`` under the ModelConfig's ``model_path``), special tokens kept. The
 text after the LAST ``segment_marker`` (the whole prompt if the marker is absent from
 it, or if ``segment_marker`` is null or left out) is searched (``re.search``) with each
-rule's ``match`` in order; the first match's ``reply`` is the completion. No match:
+rule's ``match`` in order, and the whole prompt with its ``requires`` (if any); the first
+rule that matches gives the completion (its ``reply``). No match:
 the emulator's usual deterministic tokens.
 
 A reply is tokenized once, at load, without added special tokens; it must decode back
@@ -42,10 +43,15 @@ class ScriptRule(BaseModel):
 
     match: str = Field(description="Regex searched (re.search) in the prompt's last segment.")
     reply: str = Field(description="The completion text when it matches.")
+    requires: str | None = Field(
+        None, description="Regex that must also match somewhere in the whole prompt (a "
+        "tool's definition, say: one rule per client's own tool name).")
 
-    @field_validator("match")
+    @field_validator("match", "requires")
     @classmethod
-    def _compiles(cls, v: str) -> str:
+    def _compiles(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
         try:
             re.compile(v)
         except re.error as e:
@@ -89,7 +95,7 @@ class SimScript:
     def __init__(self, spec: ScriptFile, tokenizer: Tokenizer) -> None:
         self._tok = tokenizer
         self._marker = spec.segment_marker or None
-        self._rules: list[tuple[re.Pattern[str], ScriptedReply]] = []
+        self._rules: list[tuple[re.Pattern[str], re.Pattern[str] | None, ScriptedReply]] = []
         for rule in spec.rules:
             ids = tokenizer.encode(rule.reply, add_special_tokens=False).ids
             reply = ScriptedReply(tuple(ids), incremental_pieces(tokenizer, ids))
@@ -98,7 +104,8 @@ class SimScript:
                     f"reply {rule.reply!r} does not survive the tokenizer (decodes to "
                     f"{''.join(reply.pieces)!r})"
                 )
-            self._rules.append((re.compile(rule.match), reply))
+            needs = re.compile(rule.requires) if rule.requires is not None else None
+            self._rules.append((re.compile(rule.match), needs, reply))
 
     @classmethod
     def load(cls, path: str, model_path: str) -> SimScript:
@@ -118,9 +125,10 @@ class SimScript:
 
     def reply_for(self, prompt_ids: Sequence[int]) -> ScriptedReply | None:
         """The first matching rule's reply for this prompt, or None."""
-        text = self._tok.decode(list(prompt_ids), skip_special_tokens=False)
+        whole = text = self._tok.decode(list(prompt_ids), skip_special_tokens=False)
         if self._marker is not None:
             cut = text.rfind(self._marker)
             if cut >= 0:
                 text = text[cut + len(self._marker):]
-        return next((reply for pat, reply in self._rules if pat.search(text)), None)
+        return next((reply for pat, needs, reply in self._rules if pat.search(text)
+                     and (needs is None or needs.search(whole))), None)

@@ -12,8 +12,9 @@ emulator keeps its one-word-per-id text, ``" w<id>"``.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 _WORD = re.compile(r" [A-Za-z]{2,12}")
 MIN_WORDS = 16  # fewer: the tokenizer is not one this works for
@@ -23,6 +24,8 @@ MIN_WORDS = 16  # fewer: the tokenizer is not one this works for
 class SimVocab:
     ids: tuple[int, ...]  # the tokens the emulator emits
     texts: dict[int, str]  # and their text
+    # the model's tokenizer (``tokenizers.Tokenizer``): structured replies are spelled with it
+    tokenizer: Any = field(default=None, repr=False, compare=False)
 
     @classmethod
     def of_model(cls, model_path: str) -> SimVocab | None:
@@ -38,7 +41,7 @@ class SimVocab:
         words = [i for i, t in enumerate(texts) if _WORD.fullmatch(t)]
         encoded = tok.encode_batch_fast([texts[i] for i in words], add_special_tokens=False)
         ids = tuple(i for i, enc in zip(words, encoded, strict=True) if enc.ids == [i])
-        return cls(ids, {i: texts[i] for i in ids}) if len(ids) >= MIN_WORDS else None
+        return cls(ids, {i: texts[i] for i in ids}, tok) if len(ids) >= MIN_WORDS else None
 
     def text(self, token_id: int) -> str:
         return self.texts[token_id]

@@ -50,7 +50,10 @@ from typing import Any
 
 from cache_service.events import CacheEvent
 from deploy.config import VLLM_FORCED_ARGS
+from workers.engines.vllm import logprobs as vlp
 from workers.engines.vllm.blocks import TieredMapper
+from workers.engines.vllm.sampling import vllm_controls
+from workers.engines.vllm.structured import sampling_kwargs, structured_config
 from workers.protocol import (
     EngineError,
     Finished,
@@ -84,7 +87,7 @@ def engine_args(
 
     if bad := sorted(set(engine_kwargs) & set(_FORCED_ARGS)):
         raise ValueError(f"engine_kwargs may not set {bad}: the vllm engine sets them")
-    kw: dict[str, Any] = {"disable_log_stats": True}
+    kw: dict[str, Any] = {"disable_log_stats": True, **structured_config()}
     if on_cpu:
         # Eager mode starts in seconds; the KV budget is explicit (vLLM's CPU default reserves
         # most of RAM); -1 fits max_model_len to the model's context and that budget.
@@ -220,8 +223,12 @@ class VllmEngine:
         # router's parsers read them. The stop token itself is never in the text.
         return SamplingParams(
             max_tokens=sp.max_tokens, temperature=sp.temperature, top_p=sp.top_p,
-            stop=list(sp.stop) or None, seed=sp.seed, ignore_eos=sp.ignore_eos,
+            stop=list(sp.stop) or None, seed=sp.seed,
+            ignore_eos=sp.ignore_eos and sp.constraint is None,  # a grammar ends at EOS
             output_kind=RequestOutputKind.DELTA, skip_special_tokens=False,
+            **sampling_kwargs(sp.constraint),
+            **vllm_controls(sp),
+            logprobs=sp.logprobs, prompt_logprobs=sp.prompt_logprobs,
         )
 
     def _prompt(self, token_ids: list[int], cache_salt: str | None = None) -> Any:
@@ -257,7 +264,8 @@ class VllmEngine:
                     reason = c.finish_reason or reason
                     stop_str = c.stop_reason if isinstance(c.stop_reason, str) else stop_str
                     if c.text or c.token_ids:
-                        yield TokenChunk(c.text, tuple(c.token_ids))
+                        yield vlp.chunk(c.text, c.token_ids, c.logprobs, out.prompt_logprobs,
+                                        request)
         except VLLMClientError as e:
             raise ValueError(str(e)) from e
         except Exception as e:

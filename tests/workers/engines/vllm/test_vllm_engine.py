@@ -319,3 +319,23 @@ class TestEngine:
             assert fin.finish_reason == "length" and fin.usage.completion_tokens == 400
             assert sum(len(c.token_ids) for c in chunks) == 400
         await engine.check_health()
+
+    async def test_logprobs_are_vllms_own(self, engine: VllmEngine) -> None:
+        """vLLM's native logprobs as records: one per token, greedy tokens at rank 1 and
+        first in their sorted top list; prompt logprobs for tokens 1.., never from a
+        cached prefix (vLLM skips reading it for them)."""
+        tokens = prompt(80, 27)
+        await run(engine, tokens, "lp-warm", max_tokens=1)
+        chunks, fin = await run(engine, tokens, "lp", max_tokens=4, ignore_eos=True,
+                                logprobs=3, prompt_logprobs=2)
+        entries = [x for c in chunks for x in c.logprobs]
+        assert [x.token_id for x in entries] == [t for c in chunks for t in c.token_ids]
+        for x in entries:
+            values = [t.logprob for t in x.top]
+            assert len(x.top) == 3 and values == sorted(values, reverse=True)
+            assert x.rank == 1 and x.top[0].token_id == x.token_id and x.logprob <= 0
+            assert x.token == x.top[0].token and x.token
+        got = [x for c in chunks for x in c.prompt_logprobs]
+        assert [x.token_id for x in got] == tokens[1:]
+        assert all(len(x.top) == 2 and x.logprob <= 0 for x in got)
+        assert fin.usage.cached_tokens == 0
