@@ -12,6 +12,7 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from deploy.cli import demo
 from deploy.cli.serve_one import add_model_args, model_config, refuse_busy_port
 from deploy.config import EngineName, IndexConfig, KvrouteConfig, ModelConfig, load_config
 from ops.bench.cli import add_parser as add_bench
@@ -181,11 +182,16 @@ def main(argv: list[str] | None = None) -> int:
 def demo_config(
     backend: EngineName = "mlx", replicas: int = 2, redis_url: str | None = None
 ) -> KvrouteConfig:
-    """The embedded default: the tiny offline model on ``backend``."""
+    """The embedded default: the tiny offline model on ``backend``, and beside it the
+    scripted agent model every agent CLI's model names alias to (``deploy.cli.demo``)."""
     url = redis_url or os.environ.get("KVROUTE_REDIS_URL") or None
-    model = ModelConfig(
-        name="tiny-llama", engine=backend, model_path=str(ensure_model()),
-        num_replicas=replicas, num_cpus=0.5,
-    )
-    return KvrouteConfig(models=[model], index=IndexConfig(redis_url=url))
-
+    path = str(ensure_model())
+    model = ModelConfig(name="tiny-llama", engine=backend, model_path=path,
+                        num_replicas=replicas, num_cpus=0.5)
+    agent = ModelConfig(name=demo.AGENT_MODEL, engine="sim", model_path=path,
+                        num_replicas=replicas, num_cpus=0.1, engine_kwargs={
+                            "tpot_s": 0.005, "prefill_tok_s": 50000.0,
+                            "script_path": str(demo.write_script(default_cache_dir()))})
+    return KvrouteConfig(models=[model, agent], index=IndexConfig(redis_url=url),
+                         aliases={"claude-*": demo.AGENT_MODEL, "gpt-*": demo.AGENT_MODEL,
+                                  "*": demo.AGENT_MODEL})

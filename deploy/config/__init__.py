@@ -32,13 +32,15 @@ from deploy.config.model import (
     VllmKvEvents,
 )
 from deploy.config.router import LeaseConfig, PromptCacheConfig, RouterConfig
+from deploy.config.safeguards import SafeguardMode, SafeguardsConfig
 from deploy.config.schema import Strict
 
 __all__ = [
     "APP_IMPORT_PATH", "DEFAULT_BLOCK_SIZE", "MODEL_CHECKS", "SENTINEL_SCHEME",
     "VLLM_FORCED_ARGS", "AutoscalingConfig", "AutoscalingPolicyName", "EngineName",
     "GroupMember", "IndexConfig", "KvrouteConfig", "LeaseConfig", "MlxKwargs", "ModelConfig",
-    "ModelGroup", "PromptCacheConfig", "ResponsesConfig", "RouterConfig", "SentinelConfig",
+    "ModelGroup", "PromptCacheConfig", "ResponsesConfig", "RouterConfig", "SafeguardMode",
+    "SafeguardsConfig", "SentinelConfig",
     "ServerConfig", "SimKwargs", "VllmKvEvents", "load_config",
 ]
 
@@ -70,6 +72,11 @@ class ServerConfig(Strict):
     body_read_timeout_s: float = Field(
         30.0, gt=0, description="A request body must arrive within this; a slower one is a "
         "408 (slowloris; 8 MiB needs 2.2 Mbit/s, LAN clients take milliseconds).",
+    )
+    max_body_waits_per_key: int = Field(
+        256, ge=0, description="Requests of one key (keys off: one client address) that may "
+        "be reading their body at once per router replica; the next is a fast 429, so one "
+        "key's slow bodies cannot take every request slot (both ingresses). 0: no bound.",
     )
     max_header_bytes: int = Field(
         64 << 10, ge=4096, description="Largest request head (request line and headers); over "
@@ -147,6 +154,10 @@ class KvrouteConfig(Strict):
     responses: ResponsesConfig = Field(
         default_factory=ResponsesConfig, description="Stored responses of /v1/responses."
     )
+    safeguards: SafeguardsConfig = Field(
+        default_factory=SafeguardsConfig, description="Safety verdicts on the tool calls of "
+        "a reply, for clients that ask (Claude Code's auto mode; docs/api.md).",
+    )
 
     @model_validator(mode="after")
     def _unique(self) -> KvrouteConfig:
@@ -168,6 +179,9 @@ class KvrouteConfig(Strict):
             if target not in known:
                 raise ValueError(f"alias {pattern!r} names {target!r}, which is not a model "
                                  "or group of this config")
+        if self.safeguards.model is not None and self.safeguards.model not in known:
+            raise ValueError(f"safeguards.model names {self.safeguards.model!r}, which is not "
+                             "a model or group of this config")
         scaling = self.router.autoscaling
         if self.server.ingress == "direct" and scaling is not None and scaling.min_replicas < 1:
             # clients reach router replicas on their own listeners: none to take the request

@@ -54,6 +54,12 @@ class SimKwargs(Strict):
     host_reload_tok_s: float | None = Field(None, gt=0, description="Host -> device reload rate.")
     lease_fraction: float | None = Field(None, ge=0, le=1,
                                          description="Most of the KV that leases may hold.")
+    prefill_base_s: float | None = Field(None, ge=0, description="Fixed time per prefill (s).")
+    cache_load_tok_s: float | None = Field(
+        None, ge=0, description="Rate a device-cached prefix is taken up at; 0: free.")
+    profile: str | None = Field(
+        None, description="A calibrated profile (`kvroute bench calibrate`): a name in "
+        "workers/engines/sim/profiles/ or a JSON path; its fitted values are the defaults.")
 
 
 class VllmKvEvents(Strict):
@@ -110,14 +116,15 @@ class ModelConfig(Strict):
         "its POST routes need the deployment's random token (/kvroute/replicas lists it).",
     )
     stream_interval_ms: float = Field(
-        20.0, ge=0, le=1000, description="Stream pacing: after a token chunk, the next leaves "
+        0.0, ge=0, le=1000, description="Stream pacing: after a token chunk, the next leaves "
         "a replica no sooner than this, carrying every token released meanwhile (vLLM's "
-        "and SGLang's stream_interval, in time). The first token and the end are never "
-        "held, and a stream slower than this is not touched. Default 20 ms (50 chunks/s, "
-        "above what a reader or an agent's parser can use): per chunk, the worker, the "
-        "router and the client each pay a write and a wake-up, most of the router's CPU on "
-        "fast streams (docs/benchmarks.md, router overhead). 0: every token its own chunk, as "
-        "vLLM and SGLang do by default (workers.transport.stream_pacing).",
+        "and SGLang's stream_interval, in time). Default 0: every token its own chunk, as "
+        "vLLM and SGLang stream by default, so a client's inter-token latency is the "
+        "engine's TPOT. The first token and the end are never held, and a stream slower "
+        "than the interval is not touched. E.g. 20 (50 chunks/s) saves the worker, the "
+        "router and the client a write and a wake-up per token on fast streams, at the "
+        "price of chunks of several tokens that benchmarks read as ITL (docs/benchmarks.md, "
+        "stream pacing; workers.transport.stream_pacing).",
     )
     default_max_tokens: int = Field(
         1024, ge=1, description="Output limit when a request sets none (capped by context)."

@@ -77,6 +77,10 @@ class PromptCacheConfig(Strict):
         "scale-out) tokenizes only what Redis lacks. None: on when index.redis_url is set.")
     redis_ttl_s: float = Field(3600.0, gt=0, description="How long Redis keeps an entry "
                                "after it was written or last read.")
+    redis_bytes_per_key: int = Field(
+        256 << 20, ge=0, description="The most one API key's admitted requests may write to "
+        "the second level within a redis_ttl_s (renewals count as writes); past it the key's "
+        "new prompts are not shared (its replicas tokenize them). 0: no bound.")
 
 
 class RouterConfig(Strict):
