@@ -5,8 +5,7 @@
 once), ``generate`` (token ids → a ``Generation`` that already holds the first message
 from the chosen replica, so headers can name it; a replica that fails before its first
 token is retried on the next candidate by the ``Dispatcher``) and, through the
-generation, ``resume``. The steps themselves live in their folders (``router.routing.lookup``,
-``router.routing.housekeeping``, ``router.dispatch``).
+generation, ``resume``. The steps live in ``router.routing`` and ``router.dispatch``.
 """
 
 from __future__ import annotations
@@ -26,6 +25,7 @@ from cache_service.hashing import model_salt
 from cache_service.index import PrefixIndex
 from deploy.config import KvrouteConfig
 from router import metrics, telemetry
+from router.auth.bodies import BodyWaits
 from router.auth.keys import ApiKeyConfig, Authenticator
 from router.auth.ratelimit import RateLimiter, store_url
 from router.dispatch.dispatch import Dispatcher
@@ -42,7 +42,7 @@ from router.routing.housekeeping import Housekeeping
 from router.routing.leases import SessionGaps, session_kind
 from router.routing.load import LoadTracker
 from router.routing.prewarm import Prewarmer, serve_sender
-from router.routing.selection import RouteRequest, check_shared_tokenizers
+from router.routing.selection import Pin, RouteRequest, check_shared_tokenizers, pinned
 from router.routing.target import Target, Targets
 from workers.protocol import Final, SamplingParams, Usage, WorkerMessage, WorkRequest
 
@@ -51,7 +51,7 @@ class RouterCore:
     def __init__(self, config: KvrouteConfig, handles: Mapping[str, DeploymentHandle],
                  loopback: Loopback | None = None) -> None:
         self.config, self.server = config, config.server
-        cache = with_redis(config.router.prompt_cache, config.index)
+        cache = with_redis(config.router.prompt_cache, config.index, config.auth)
         self.tokenizers = {m.name: ChatTokenizer(m.model_path, cache) for m in config.models}
         check_shared_tokenizers(config, self.tokenizers)
         self.targets = Targets(config, self.tokenizers)
@@ -77,8 +77,8 @@ class RouterCore:
         self.limiter = RateLimiter.from_url(
             store_url(config.auth.rate_limit_store, idx.redis_url) if self.auth.enabled
             else None, idx.namespace, timeout_s=idx.timeout_s, on_error=on_error)
-        self.max_resumes = config.router.max_resumes
-        self.gaps = SessionGaps(config.router.leases)
+        self.max_resumes, self.gaps = config.router.max_resumes, SessionGaps(config.router.leases)
+        self.body_waits = BodyWaits(config.server.max_body_waits_per_key)  # per key, reading
         self.housekeeping = Housekeeping(self.tokenizers, lambda live: self.dispatcher.forget(live))
         self.dispatcher = Dispatcher(
             streaming, self.decider, config.router.max_retries, config.router.first_token_timeout_s,
@@ -105,20 +105,20 @@ class RouterCore:
             await self.limiter.admit(key, None)
         return key
 
-    def target(self, name: str) -> Target:
-        """A model, group or 'auto' resolved once for the whole request; 404 if unknown."""
-        return self.targets.resolve(name)
+    def target(self, name: str, key: ApiKeyConfig | None = None) -> Target:
+        """A model, group or 'auto' resolved once (404 if unknown); ``key``'s prompt cache."""
+        return self.targets.resolve(name, key.name if self.isolation and key else None)
 
     async def generate(
         self, target: Target, token_ids: list[int], sampling: SamplingParams, request_id: str,
         headers: Mapping[str, str] | None = None, session_id: str | None = None,
-        api_key: ApiKeyConfig | None = None, has_tools: bool = False,
+        api_key: ApiKeyConfig | None = None, has_tools: bool = False, pin: Pin = None,
     ) -> Generation:
-        """Admit (rate limits: prompt + max_tokens), then route and dispatch; the
-        (model, replica) pairs of every member of ``target`` are scored together."""
+        """Admit (rate limits: prompt + max_tokens), route (every member of ``target``'s
+        pairs scored together; ``pin``'s first: ``selection.pinned``) and dispatch."""
         tenant = api_key.name if self.isolation and api_key is not None else None
         req = RouteRequest(target.name, token_ids, sampling, request_id, headers or {},
-                           session_id, has_tools, tenant)
+                           session_id, has_tools, tenant, pin)
         if api_key is None:
             return await self._generate(req, target)
         charged = len(token_ids) + sampling.max_tokens
@@ -143,7 +143,7 @@ class RouterCore:
         if self.gate is not None and await lookup.wait_if_backed_up(self, ctx, weights):
             started = time.perf_counter()
             ctx = await self._context(req, weights, hashes)  # the view after the wait
-        ranked = self._rank(ctx)
+        ranked = pinned(self._rank(ctx), req.pin)
         metrics.ROUTE.observe(time.perf_counter() - started)
         lease_s = self.gaps.turn(req.session_id, self.monotonic())
         work = WorkRequest(req.request_id, req.token_ids, req.sampling, cache_salt=req.tenant,
@@ -182,7 +182,8 @@ class RouterCore:
         if left <= 0:  # cut between the last token and the final message
             return Final(gen.replica, Usage(gen.prompt_tokens, len(gen.sent) - gen.carried, 0),
                          "length")
-        sampling = dataclasses.replace(gen.request.sampling, max_tokens=left)
+        sampling = dataclasses.replace(gen.request.sampling, max_tokens=left,
+                                       prompt_logprobs=None)  # sent with the first chunk
         ids = gen.request.token_ids + gen.sent
         req = dataclasses.replace(gen.request, token_ids=ids, sampling=sampling,
                                   request_id=f"{gen.request.request_id}-r{gen.resumes}")

@@ -47,6 +47,16 @@ KEY_REQUESTS = Counter("kvroute_key_requests", "API requests per key by outcome"
                        ["key", "model", "status"], registry=REGISTRY)
 KEY_TOKENS = Counter("kvroute_key_tokens", "Prompt and output tokens per key",
                      ["key", "model", "kind"], registry=REGISTRY)
+# A key's part of the shared Redis (store: "tokens", the prompt token store; "responses",
+# stored responses), as the store counts it against the key's bound.
+KEY_REDIS_SHARE = Gauge("kvroute_key_redis_share_bytes", "Bytes of the shared Redis counted "
+                        "against a key (its share within a TTL)", ["key", "store"],
+                        registry=REGISTRY)
+KEY_REDIS_WRITTEN = Counter("kvroute_key_redis_written_bytes", "Bytes a key's requests wrote "
+                            "to the shared Redis", ["key", "store"], registry=REGISTRY)
+KEY_REDIS_REFUSED = Counter("kvroute_key_redis_refused_bytes", "Bytes not written to the "
+                            "shared Redis: the key's share was full", ["key", "store"],
+                            registry=REGISTRY)
 OUTPUT_TOKENS = Counter("kvroute_output_tokens", "Generated tokens", ["model"], registry=REGISTRY)
 INDEX_BLOCKS = Gauge("kvroute_index_blocks", "Entries in the prefix index (block, replica)",
                      registry=REGISTRY)
@@ -54,6 +64,9 @@ INDEX_REPLICAS = Gauge("kvroute_index_replicas", "Replicas with entries in the p
                        registry=REGISTRY)
 INDEX_ERRORS = Counter("kvroute_index_errors", "Prefix index calls that failed", ["op"],
                        registry=REGISTRY)
+IGNORED_FIELDS = Counter("kvroute_ignored_fields", "Unknown request fields ignored, by API and "
+                         "field name (clipped to 64 characters; past 64 names per API the rest "
+                         "count as _other)", ["api", "field"], registry=REGISTRY)
 RETRIES = Counter("kvroute_retries", "Dispatches retried on another replica", ["model"],
                   registry=REGISTRY)
 LEASE_RENEWALS = Counter("kvroute_lease_renewals", "Final answers whose session KV was "

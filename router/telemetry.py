@@ -65,6 +65,21 @@ def identify(name: str | None, names_in_metrics: bool = False) -> None:
     info.key_label = "anonymous" if name is None else (name if names_in_metrics else "keyed")
 
 
+def redis_share(store: str, names_in_metrics: bool = False
+                ) -> Callable[[str, int, int, int], None]:
+    """A shared-Redis store's report of a key's share (key name, share, bytes written,
+    bytes refused) into ``kvroute_key_redis_*``, labelled as the other per-key metrics are
+    (the name only with ``auth.key_names_in_metrics``, else "keyed")."""
+    def report(name: str, share: int, written: int, refused: int) -> None:
+        label = name if names_in_metrics else "keyed"
+        metrics.KEY_REDIS_SHARE.labels(label, store).set(share)
+        if written:
+            metrics.KEY_REDIS_WRITTEN.labels(label, store).inc(written)
+        if refused:
+            metrics.KEY_REDIS_REFUSED.labels(label, store).inc(refused)
+    return report
+
+
 def record_usage(info: RequestInfo, usage: Usage, predicted: int) -> None:
     """Called once per finished generation: usage counters and span attributes."""
     prompt, cached, out = usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens

@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from deploy.config import KvrouteConfig
 from deploy.tracing import setup_tracing, shutdown_tracing
+from router import telemetry
 from router.api.anthropic import routes as anthropic_routes
 from router.api.openai import models as openai_models
 from router.api.openai import routes as openai_routes
@@ -112,7 +113,8 @@ class Ingress:
         cfg = self._config
         self._responses = ResponseStore.from_url(
             cfg.index.redis_url, cfg.index.namespace, cfg.responses.store_ttl_s,
-            cfg.responses.max_entry_bytes, cfg.responses.memory_bytes)
+            cfg.responses.max_entry_bytes, cfg.responses.memory_bytes,
+            telemetry.redis_share("responses", cfg.auth.key_names_in_metrics))
         if warning := exposure_warning(self._config.server.host, self._core.auth):
             log.warning(warning)
         self._maintainer = asyncio.get_running_loop().create_task(self._maintain())

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import json
 import logging
@@ -54,9 +55,17 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from tokenizers import Tokenizer
 
+from router.api.common import sampling as sp
 from router.api.openai import encode as oa
+from router.api.openai import logprobs as lpx
 from router.api.openai.routes import ChatReply
-from router.api.openai.schema import ChatCompletionRequest, CompletionRequest, SamplingFields
+from router.api.openai.schema import (
+    COMPLETION_MAX_TOKENS,
+    ChatCompletionRequest,
+    CompletionRequest,
+    SamplingFields,
+)
+from router.api.openai.structured import output_constraint
 from router.app.asgi_server import AsgiServer, bind
 from router.errors import ApiError, openai_error
 from router.output import tool_calls as tc
@@ -65,7 +74,6 @@ from workers.protocol import (
     Chunk,
     Final,
     Rejected,
-    SamplingParams,
     WorkerMessage,
     WorkRequest,
 )
@@ -78,6 +86,7 @@ _STOP_TIMEOUT_S = 10.0
 
 
 class _DirectCompletion(CompletionRequest):
+    also_honoured = frozenset({"return_token_ids"})
     return_token_ids: bool = Field(False, description="vLLM's: each streamed choice also "
                                    "carries the engine's token ids (``token_ids``)")
 
@@ -188,6 +197,9 @@ class DirectHttp:
     async def _chat(self, request: Request) -> Response:
         try:
             req = await _parse(request, ChatCompletionRequest)
+            if req.copies() != 1:  # the router fans out, not a replica
+                raise ApiError(400, "a replica's own endpoint serves n = 1", "invalid_request",
+                               "n")
             parser = None
             if req.parses_tools():
                 parser = tc.make_parser(self._parser_family, tc.schemas(req.template_tools()))
@@ -215,6 +227,9 @@ class DirectHttp:
     async def _prompt_ids(self, req: CompletionRequest) -> list[int]:
         self._check_model(req.model)
         assert self._tok is not None
+        if len(req.prompts()) != 1 or req.copies() != 1:  # the router fans out, not a replica
+            raise ApiError(400, "a replica's own endpoint serves one prompt and n = 1",
+                           "invalid_request", "prompt" if len(req.prompts()) != 1 else "n")
         if isinstance(req.prompt, str):
             ids = await self._encode(req.prompt)
         else:
@@ -284,10 +299,14 @@ class DirectHttp:
     async def _serve(self, req: SamplingFields, ids: list[int], chat: bool,
                      parser: tc.ToolParser | None) -> Response:
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-        sampling = SamplingParams(
-            max_tokens=req.output_limit() or DEFAULT_MAX_TOKENS,
-            temperature=0.0 if req.temperature is None else req.temperature,
-            top_p=1.0 if req.top_p is None else req.top_p, stop=req.stop_list(), seed=req.seed)
+        assert self._tok is not None
+        limit = req.output_limit() or (DEFAULT_MAX_TOKENS if chat else COMPLETION_MAX_TOKENS)
+        asks = lpx.asks_of(req, ids, self._tok.decode)
+        sampling = lpx.with_logprobs(dataclasses.replace(
+            sp.params(self._tok, limit, req.temperature, req.top_p, req.stop_list(), req.seed,
+                      controls=req),
+            constraint=output_constraint(req)),  # a 400 (ApiError) before the engine
+            asks.top, asks.prompt)
         self.ongoing += 1
         gen = self._generate(WorkRequest(rid, ids, sampling))
         try:
@@ -309,7 +328,13 @@ class DirectHttp:
         include = bool(req.stream_options and req.stream_options.include_usage)
         # the router's own reply and accumulator, with no reasoning parser (the router's
         # baseline: what a replica's plain OpenAI server returns)
-        reply = ChatReply(run, oa.ChatOutput(enc), parser, None, rid, req.model, chat, include)
+        stream: Any = run
+        notes = None
+        if asks.any:  # logprobs, echo (``router.api.openai.logprobs``)
+            stream = tap = lpx.LogprobTap(run)
+            notes = lpx.Notes(tap, asks, chat)
+        reply = ChatReply(stream, oa.ChatOutput(enc, notes=notes), parser, None, rid, req.model,
+                          chat, include)
         if req.stream:
             return StreamingResponse(reply.stream(), media_type="text/event-stream",
                                      headers=headers)
@@ -367,8 +392,10 @@ class _WithIds(oa.ChunkEncoder):
     def text(self, text: str) -> bytes:
         return self.delta({"text": text})
 
-    def delta(self, delta: dict[str, Any], reason: str | None = None) -> bytes:
-        chunk = oa.text_chunk(self.rid, self.model, delta.get("text", ""), reason, self.created)
+    def delta(self, delta: dict[str, Any], reason: str | None = None,
+              logprobs: dict[str, Any] | None = None) -> bytes:
+        chunk = oa.text_chunk(self.rid, self.model, delta.get("text", ""), reason, self.created,
+                              logprobs=logprobs)
         chunk["choices"][0]["token_ids"] = list(self.ids)
         self.ids.clear()
         return oa.sse(chunk)

@@ -380,18 +380,6 @@ class RateLimiter:
         self.breaker.succeeded()
         return [(flat[i], flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)]
 
-    def _failed(self, exc: BaseException) -> None:
-        if self._healthy:
-            log.warning("rate limiter: Redis failed (%s); limits are per router replica "
-                        "until it is back", _describe(exc))
-        self._healthy = False
-        self._down_until = self._clock() + self._backoff_s
-        if self._on_error is not None:
-            try:
-                self._on_error("ratelimit")
-            except Exception:  # a metrics callback must never break admission
-                log.exception("on_error callback failed")
-
     async def close(self) -> None:
         if self._batches is not None:
             await self._batches.close()

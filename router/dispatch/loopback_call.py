@@ -19,6 +19,7 @@ from workers.protocol import (
     FRAME_HEADER,
     Chunk,
     EngineError,
+    TokenLogprob,
     WorkerMessage,
     WorkRequest,
     parse_chunk,
@@ -29,7 +30,9 @@ from workers.transport.loopback_wire import (
     ERROR,
     FINAL,
     KINDS,
+    LOGPROBS,
     parse_final,
+    parse_logprobs,
     parse_rejected,
     request_frame,
 )
@@ -107,6 +110,8 @@ class LoopbackCall:
 
     def _parse(self) -> WorkerMessage | None:
         buf, off, texts, ids = self._frames.buf, 0, [], []
+        lps: list[TokenLogprob] = []
+        prompt: tuple[TokenLogprob, ...] = ()  # the first chunk's
         view = memoryview(buf)
         out: WorkerMessage | None = None
         try:
@@ -120,20 +125,28 @@ class LoopbackCall:
                 if len(buf) < end:
                     self._frames.resume()  # a frame larger than the buffer's bound: read on
                     break
-                if kind != CHUNK and texts:
+                if kind not in (CHUNK, LOGPROBS) and texts:
                     break  # a message after the chunks: the next call returns it
                 with view[off + FRAME_HEADER.size:end] as payload:  # released: buf resizes
                     off = end
-                    if kind != CHUNK:
+                    if kind == LOGPROBS:  # a chunk with its logprobs
+                        body, more, first = parse_logprobs(payload)
+                        lps.extend(more)
+                        prompt = prompt or first
+                        text, token_ids = parse_chunk(body)
+                    elif kind != CHUNK:
                         out = self._message(kind, payload)
                         break
-                    text, token_ids = parse_chunk(payload)
+                    else:
+                        text, token_ids = parse_chunk(payload)
                 texts.append(text)
                 ids.extend(token_ids)
         finally:
             view.release()
         self._frames.consumed(off)
-        return Chunk(self._replica, "".join(texts), tuple(ids)) if texts else out
+        if not texts:
+            return out
+        return Chunk(self._replica, "".join(texts), tuple(ids), tuple(lps), prompt)
 
     def _message(self, kind: int, payload: memoryview) -> WorkerMessage | None:
         if kind == BUSY:

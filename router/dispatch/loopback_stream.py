@@ -25,9 +25,11 @@ from workers.protocol import (
     Chunk,
     EngineError,
     Handoff,
+    TokenLogprob,
     WorkerMessage,
     parse_chunk,
 )
+from workers.transport.loopback_wire import LOGPROBS, parse_logprobs
 
 BUFFER_LIMIT = 1 << 20
 CONNECT_TIMEOUT_S = 5.0
@@ -159,6 +161,8 @@ class LoopbackStream:
     def _take(self) -> Chunk | None:
         """Every complete frame in the buffer, chunks merged; sets ``_ended`` at END."""
         buf, off, texts, ids = self._frames.buf, 0, [], []
+        lps: list[TokenLogprob] = []
+        prompt: tuple[TokenLogprob, ...] = ()
         view = memoryview(buf)
         try:
             while len(buf) - off >= FRAME_HEADER.size:
@@ -170,6 +174,13 @@ class LoopbackStream:
                     text, token_ids = parse_chunk(view[off + FRAME_HEADER.size:end])
                     texts.append(text)
                     ids.extend(token_ids)
+                elif kind == LOGPROBS:  # a chunk with its logprobs
+                    body, more, first = parse_logprobs(view[off + FRAME_HEADER.size:end])
+                    text, token_ids = parse_chunk(body)
+                    texts.append(text)
+                    ids.extend(token_ids)
+                    lps.extend(more)
+                    prompt = prompt or first
                 off = end
                 if kind == END:
                     self._ended = True
@@ -177,7 +188,9 @@ class LoopbackStream:
         finally:
             view.release()
         self._frames.consumed(off)
-        return Chunk(self._replica, "".join(texts), tuple(ids)) if texts else None
+        if not texts:
+            return None
+        return Chunk(self._replica, "".join(texts), tuple(ids), tuple(lps), prompt)
 
     async def _final(self) -> WorkerMessage:
         if self._done:

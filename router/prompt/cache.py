@@ -35,8 +35,9 @@ the template's tokens are boundaries (a client's ``<|im_end|>`` is never a cut),
 pieces are encoded by ``ClientSpecials.encode_pieces``, which splits at added tokens as
 rule 1 says; the identity holds for it as for the tokenizer.
 
-A tokenizer passes (2)-(4) statically, then a probe encodes tricky continuations both ways
-(spaces, newlines, combining marks, digits, the token itself); a token that fails any check
+A tokenizer passes (2)-(4) statically (``router.prompt.boundaries``), then a probe encodes
+tricky continuations both ways (spaces, newlines, combining marks, digits, the token
+itself); a token that fails any check
 is not a boundary, and a tokenizer with no boundary is tokenized whole every time.
 ``tests/router/prompt/test_prompt_cache.py`` checks the identity on thousands of conversations.
 
@@ -46,44 +47,37 @@ first segment that differs. Whole new segments are encoded in one batch
 (``router.prompt.pieces``), which the ``tokenizers`` library runs in parallel with the
 GIL released.
 
+Scopes (``Scope``): one trie per way a text was encoded (a chat render or a raw completions
+prompt; client special-token strings marked or not) and, under ``index.tenant_isolation``,
+per tenant, so one text encoded two ways never shares ids, and a tenant never reads
+another's (which a right guess's faster tokenization would show).
+
 Second level (``router.prompt.store``, when ``index.redis_url`` is set): a long prompt whose
 uncached part is at least ``min_lookup_chars`` (16k) asks Redis for the segments that follow its
 local prefix (one MGET by chained segment digests), keeps those whose text matches, and
 a prompt of at least that size queues what Redis lacks (its new segments, and earlier ones
-not yet written) for a background write.
+not yet written) for a background write once its request is admitted (``publish``).
 """
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from tokenizers import Tokenizer
 
 from cache_service.hashing import U32Ids, token_bytes
 from deploy.config import PromptCacheConfig
 from router.prompt import store as ts
+from router.prompt.boundaries import boundary_tokens
 from router.prompt.pieces import encode_pieces
 
-__all__ = ["IncrementalEncoder", "PromptCacheConfig", "TokenIds", "boundary_tokens"]
+__all__ = ["IncrementalEncoder", "PromptCacheConfig", "Scope", "TokenIds", "boundary_tokens"]
 
-_PIECE_LOCAL = {
-    "normalizer": {"NFC", "NFD", "NFKC", "NFKD", "Lowercase", "Strip", "StripAccents",
-                   "Replace", "Prepend", "Sequence", "BertNormalizer", "Nmt", "Precompiled",
-                   "ByteLevel"},
-    "pre_tokenizer": {"ByteLevel", "Split", "Sequence", "Digits", "Punctuation", "Whitespace",
-                      "WhitespaceSplit", "BertPreTokenizer", "Metaspace", "UnicodeScripts",
-                      "CharDelimiterSplit"},
-    "model": {"BPE", "WordPiece", "WordLevel", "Unigram"},
-}
-_PROBES = ("", " a", "  x", "\n", "\n\nfoo bar", "hello", "Hello world", "123 45", "\u0301e",
-           "é", "\t\t", " ", "'s", "<|", "日本語", "\U0001F600 ok")
 PiecesEncoder = Callable[[list[str]], list[list[int]]]
 # Per cached token: a list slot (ints are interned) and 4 bytes of ``u32``; per segment: the
 # node and its dict slot.
@@ -93,83 +87,28 @@ _ID_BYTES, _NODE_BYTES = 12, 400
 class TokenIds(U32Ids):
     """A prompt's token ids and their u32 bytes (``U32Ids``: the hashes and the loopback
     wire slice them), plus the memo of the chained block hashes of its cached prefix
-    (``cache_service.hashing.block_hashes`` reads it)."""
+    (``cache_service.hashing.block_hashes`` reads it) and the segments the second level
+    lacks, written only once the request is admitted (``IncrementalEncoder.publish``)."""
 
-    __slots__ = ("hash_memo",)
-
-
-# -- which added tokens are boundaries ----------------------------------------------------
-def _pipeline_ok(config: dict[str, Any]) -> bool:
-    """Rule 4: every stage after the added-token split works on each piece alone."""
-    if config.get("truncation") or config.get("padding"):
-        return False
-    for stage in ("normalizer", "pre_tokenizer", "model"):
-        if not _stage_ok(stage, config.get(stage)):
-            return False
-    return not config["model"].get("dropout")
+    __slots__ = ("hash_memo", "pending")
 
 
-def _stage_ok(stage: str, spec: dict[str, Any] | None) -> bool:
-    if spec is None:
-        return stage != "model"
-    kind = spec.get("type")
-    if stage == "model" and kind is None:  # older files name the model by its fields
-        kind = "BPE" if "merges" in spec else None
-    if kind not in _PIECE_LOCAL[stage]:
-        return False
-    if kind == "Metaspace" and spec.get("prepend_scheme", "always") == "first":
-        return False
-    inner = spec.get("normalizers") or spec.get("pretokenizers") or []
-    return all(_stage_ok(stage, s) for s in inner)
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """How a text was encoded, and for whom: the cache keeps one trie per scope (and the
+    token store one digest chain), so ids written one way are never read another way, nor
+    by another tenant. ``source``: "raw", a completions prompt (every added-token string in
+    it extracted), or "chat", the chat template's render; ``marked``: client special-token
+    strings in it are marked (``router.prompt.specials``); ``tenant``: the key under
+    ``index.tenant_isolation`` (None: shared)."""
 
+    source: str = "raw"
+    marked: bool = False
+    tenant: str | None = None
 
-def _has_border(t: str) -> bool:
-    return any(t[:k] == t[-k:] for k in range(1, len(t)))
-
-
-def _static_ok(t: dict[str, Any], others: Iterable[str]) -> bool:
-    """Rules 2 and 3 for the added token ``t`` against all other added tokens."""
-    text = t["content"]
-    if (not text or t.get("rstrip") or t.get("single_word") or t.get("normalized")
-            or _has_border(text) or text[-1].isspace() or re.match(r"\w", text[-1])):
-        return False
-    for s in others:
-        if s == text:
-            continue
-        if text in s:
-            return False
-        for k in range(1, len(text)):
-            if (len(s) > k and s.endswith(text[:k])) or (len(s) > k and s.startswith(text[-k:])):
-                return False
-    return True
-
-
-def _probe_ok(tok: Tokenizer, t: str) -> bool:
-    def ids(s: str) -> list[int]:
-        return tok.encode(s, add_special_tokens=False).ids
-
-    for a in ("", "abc ", "x\n", t):
-        for b in (*_PROBES, t, t + " z"):
-            if ids(a + t + b) != ids(a + t) + ids(b):
-                return False
-    return True
-
-
-def boundary_tokens(tok: Tokenizer, rendered: Sequence[str]) -> tuple[str, ...]:
-    """The added tokens that are exact cut points (module docstring) and that the template
-    emits in the ``rendered`` probe conversations."""
-    config = json.loads(tok.to_str())
-    if tok.encode_special_tokens or not _pipeline_ok(config):
-        return ()
-    added = config.get("added_tokens") or []
-    contents = [a["content"] for a in added]
-    found = []
-    for a in added:
-        text = a["content"]
-        if (any(text in r for r in rendered) and _static_ok(a, contents)
-                and _probe_ok(tok, text)):
-            found.append(text)
-    return tuple(sorted(found))
+    def seed(self) -> tuple[str, ...]:
+        return (self.source, "marked" if self.marked else "plain",
+                "" if self.tenant is None else f"tenant:{self.tenant}")
 
 
 # -- the cache ----------------------------------------------------------------------------
@@ -197,6 +136,15 @@ class _Node:
     stored: int = 0  # in Redis? 0: no, 1: queued, 2: written
     children: dict[str, _Node] = field(default_factory=dict)
     hashes: dict[tuple[int, int], list[int]] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Pending:
+    """What a prompt's request writes to the second level once admitted: the segments it
+    lacks, and the entries it read (their digests and bytes), whose TTL it renews."""
+
+    nodes: list[_Node]
+    touched: tuple[list[bytes], int]
 
 
 class _Memo:
@@ -240,7 +188,8 @@ class IncrementalEncoder:
         self._cut = (re.compile("|".join(map(re.escape, sorted(boundaries, key=len)[::-1])))
                      if boundaries and max_bytes > 0 else None)
         self._ints = list(range(tok.get_vocab_size(with_added_tokens=True)))
-        self._root = _Node(None, "", [], b"", 0, digest=ts.chain_seed(fingerprint, self.boundaries))
+        self._fingerprint = fingerprint
+        self._roots: dict[Scope, _Node] = {}  # scopes: 4 per tenant at most (keys: the config)
         self.store = store if self._cut is not None else None
         self.remote_tokens = 0
         self._lru: OrderedDict[_Node, None] = OrderedDict()
@@ -253,28 +202,40 @@ class IncrementalEncoder:
     def active(self) -> bool:
         return self._cut is not None
 
-    def encode(self, text: str, pieces_encoder: PiecesEncoder | None = None) -> TokenIds:
+    def _root(self, scope: Scope) -> _Node:
+        root = self._roots.get(scope)
+        if root is None:
+            root = self._roots[scope] = _Node(None, "", [], b"", 0, digest=ts.chain_seed(
+                self._fingerprint, self.boundaries, scope.seed()))
+        return root
+
+    def encode(self, text: str, pieces_encoder: PiecesEncoder | None = None,
+               scope: Scope = Scope()) -> TokenIds:  # noqa: B008 (frozen)
         """``pieces_encoder``: how a list of pieces of ``text`` is tokenized (default: the
         tokenizer's batch); it must split at added tokens as the tokenizer does (rule 1), as
-        ``router.prompt.specials`` does for text with client special-token strings marked."""
+        ``router.prompt.specials`` does for text with client special-token strings marked.
+        ``scope``: the trie read and written. Nothing goes to the second level until
+        ``publish``: a request refused after its encoding writes nothing there."""
         if self._cut is None:
             return self._whole(text, pieces_encoder)
         cuts = [m.end() for m in self._cut.finditer(text)]
         with self._lock:
-            path = self._walk(text, cuts)
+            root = self._root(scope)
+            path = self._walk(root, text, cuts)
         start = cuts[len(path) - 1] if path else 0
         bounds = [start, *cuts[len(path):]]
         if bounds[-1] != len(text):
             bounds.append(len(text))
         pieces = [text[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
         n_whole = len(cuts) - len(path)  # pieces that end at a boundary: cacheable
-        digests = (ts.chain((path[-1] if path else self._root).digest, pieces[:n_whole])
+        digests = (ts.chain((path[-1] if path else root).digest, pieces[:n_whole])
                    if self.store is not None else [])
-        remote = self._remote(pieces[:n_whole], digests)
+        remote, touched = self._remote(pieces[:n_whole], digests)
         segs = self._tokenize(pieces, remote, pieces_encoder)
         wires = [_u32(ids) for ids in segs]
         with self._lock:
-            nodes = self._insert(path, pieces[:n_whole], segs[:n_whole], wires, digests, remote)
+            nodes = self._insert(root, path, pieces[:n_whole], segs[:n_whole], wires, digests,
+                                 remote)
         out = TokenIds()
         for node in path:
             out.extend(node.ids)
@@ -286,19 +247,37 @@ class IncrementalEncoder:
         self.new_tokens += len(out) - hit - got
         out.hash_memo = _Memo(path + nodes)
         out.u32 = b"".join([*(node.u32 for node in path), *wires])
-        if self.store is not None and len(text) >= self.store.min_lookup_chars:
-            self._publish(path + nodes)  # shorter prompts' segments go with a longer one's
+        # shorter prompts' segments go with a longer one's
+        long = self.store is not None and len(text) >= self.store.min_lookup_chars
+        out.pending = _Pending(path + nodes if long else [], touched) \
+            if long or touched[0] else None
         return out
 
-    def _remote(self, pieces: list[str], digests: list[bytes]) -> list[list[int] | None]:
+    def publish(self, ids: list[int], owner: str | None = None) -> None:
+        """Write to the second level what ``ids`` (an ``encode`` result) found missing
+        there, and renew what it read: called once its request is admitted, never for one
+        refused (a 400, 413 or 429 after the encoding), so refused requests cost the shared
+        Redis nothing. ``owner``: the key whose share of the store it counts against."""
+        pending = getattr(ids, "pending", None)
+        if pending is None or self.store is None:
+            return
+        ids.pending = None  # type: ignore[attr-defined]  # a TokenIds: once
+        if pending.nodes:
+            self._publish(pending.nodes, owner)
+        if pending.touched[0]:
+            self.store.touch(*pending.touched, owner)
+
+    def _remote(self, pieces: list[str], digests: list[bytes]
+                ) -> tuple[list[list[int] | None], tuple[list[bytes], int]]:
         """The second level's ids for each of ``pieces`` (whole segments after the local
-        prefix) it holds, when they are long enough to be worth a round trip."""
+        prefix) it holds, when they are long enough to be worth a round trip; and the
+        entries that gave them, with their bytes (renewed by ``publish``)."""
         if self.store is None or sum(map(len, pieces)) < self.store.min_lookup_chars:
-            return [None] * len(pieces)
-        got, used = ts.cover(pieces, self.store.fetch(digests))
-        if used:
-            self.store.touch([digests[j] for j in used])
-        return [None if ids is None else self._interned(ids) for ids in got]
+            return [None] * len(pieces), ([], 0)
+        blobs = self.store.fetch(digests)
+        got, used = ts.cover(pieces, blobs)
+        touched = ([digests[j] for j in used], sum(len(blobs[j] or b"") for j in used))
+        return [None if ids is None else self._interned(ids) for ids in got], touched
 
     def _tokenize(self, pieces: list[str], remote: list[list[int] | None],
                   pieces_encoder: PiecesEncoder | None) -> list[list[int]]:
@@ -323,7 +302,7 @@ class IncrementalEncoder:
     def _batch(self, pieces: list[str]) -> list[list[int]]:
         return encode_pieces(self._tok, pieces)
 
-    def _publish(self, nodes: list[_Node]) -> None:
+    def _publish(self, nodes: list[_Node], owner: str | None = None) -> None:
         """Queue the runs of ``nodes`` that Redis does not have yet (fire-and-forget)."""
         assert self.store is not None
         runs: list[list[_Node]] = []
@@ -338,17 +317,17 @@ class IncrementalEncoder:
                 runs[-1].append(node)
                 last = i
         if runs:
-            self.store.put(runs)
+            self.store.put(runs, owner)
 
     def _whole(self, text: str, pieces_encoder: PiecesEncoder | None = None) -> TokenIds:
         ids = (pieces_encoder or self._batch)([text])[0]
         out = TokenIds(ids)
-        out.hash_memo, out.u32 = None, _u32(ids)
+        out.hash_memo, out.u32, out.pending = None, _u32(ids), None
         return out
 
-    def _walk(self, text: str, cuts: list[int]) -> list[_Node]:
+    def _walk(self, root: _Node, text: str, cuts: list[int]) -> list[_Node]:
         path: list[_Node] = []
-        node, prev = self._root, 0
+        node, prev = root, 0
         for cut in cuts:
             child = node.children.get(text[prev:cut])
             if child is None:
@@ -358,10 +337,10 @@ class IncrementalEncoder:
         self._touch(path)
         return path
 
-    def _insert(self, path: list[_Node], pieces: list[str], ids: list[list[int]],
+    def _insert(self, root: _Node, path: list[_Node], pieces: list[str], ids: list[list[int]],
                 wires: list[bytes], digests: list[bytes], remote: list[list[int] | None]
                 ) -> list[_Node]:
-        parent = path[-1] if path else self._root
+        parent = path[-1] if path else root
         if not parent.alive:  # evicted while we tokenized
             return []
         added: list[_Node] = []

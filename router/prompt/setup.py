@@ -12,7 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from deploy.config import IndexConfig, PromptCacheConfig
+from deploy.config import AuthConfig, IndexConfig, PromptCacheConfig
+from router import telemetry
 from router.prompt import store as ts
 
 __all__ = ["PromptCacheConfig", "TokenCache", "off_loop", "tokenize_pool", "with_env",
@@ -52,16 +53,20 @@ class TokenCache:
     store: ts.TokenStore | None = None
 
 
-def with_redis(config: PromptCacheConfig, index: IndexConfig) -> TokenCache:
+def with_redis(config: PromptCacheConfig, index: IndexConfig, auth: AuthConfig | None = None
+               ) -> TokenCache:
     """``with_env(config)`` plus the Redis level on ``index.redis_url`` (``config.redis``;
-    None: on when the URL is set), one store shared by every model's tokenizer."""
+    None: on when the URL is set), one store shared by every model's tokenizer; each key's
+    share of it in the per-key metrics (labelled as ``auth`` says)."""
     config = with_env(config)
     on = config.redis if config.redis is not None else bool(index.redis_url)
     if not (on and index.redis_url and config.enabled):
         return TokenCache(config)
     return TokenCache(config, ts.TokenStore(
         index.redis_url, index.namespace, config.redis_ttl_s, timeout_s=index.timeout_s,
-        backoff_s=index.backoff_s))
+        backoff_s=index.backoff_s, key_bytes=config.redis_bytes_per_key,
+        on_share=telemetry.redis_share("tokens", auth is not None and
+                                       auth.key_names_in_metrics)))
 
 
 # -- off the event loop -------------------------------------------------------------------

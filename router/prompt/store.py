@@ -6,9 +6,11 @@ for the ids of the longest prefix another replica tokenized, tokenizes only the 
 writes back what it tokenized, from a background thread.
 
 Keys: ``{namespace}:tok:<digest>``, where the digest chains the rendered text's segments
-(the same boundary cuts as the local cache): ``d_0`` = the tokenizer's fingerprint and
-boundary tokens, ``d_j = blake2b(d_{j-1} + segment_j)``. An entry, keyed by the digest at
-its last cut, holds a run of consecutive segments: each one's text and token ids.
+(the same boundary cuts as the local cache): ``d_0`` = the tokenizer's and the template's
+fingerprints, the boundary tokens and the scope (how the text was encoded; the tenant
+under isolation: ``router.prompt.cache.Scope``), ``d_j = blake2b(d_{j-1} + segment_j)``.
+An entry, keyed by the digest at its last cut, holds a run of consecutive segments: each
+one's text and token ids.
 
 Exactness: a reader uses an entry only if each of its segments' stored text equals its own
 segment at the same position (compared, not trusted to the digest); the entry's key is the
@@ -18,6 +20,14 @@ tokenizer (its fingerprint seeds the digests), and a segment between two boundar
 tokenizes alone as within the whole text (``router.prompt.cache``'s argument), so the ids
 are bit-identical to full tokenization. Segments no entry covers (an expired or lost key,
 e.g. a common system prompt written long ago) are tokenized with the rest.
+
+Each key's share: an admitted request's writes (and the renewals of what it read) count
+against its key, ``key_bytes`` at most within a TTL (``router.prompt_cache.redis_bytes_per_key``),
+in counters ``{namespace}:tokuse:<key>:<quarter of the TTL>`` that live a TTL and a quarter;
+the share is their sum, so it may over-count by a quarter of a TTL's writes, never
+under-count (two replicas writing at once may each pass it by one entry). Past it, the
+key's new segments are not shared: its replicas tokenize them themselves. ``on_share``
+reports each key's share, its written and its refused bytes (``kvroute_key_redis_*``).
 
 Failure: a short socket timeout and ``cache_service.breaker.CircuitBreaker``: a dead or
 slow Redis costs at most one timeout per back-off, then the replica tokenizes. Writes go
@@ -48,6 +58,8 @@ log = logging.getLogger(__name__)
 
 MIN_LOOKUP_CHARS = 16384  # below ~4k tokens (~5 ms cold) tokenizing beats a round trip
 MAX_ENTRY_BYTES = 8 << 20  # one entry's bound; a longer run is split at segment cuts
+QUARTERS = 4  # a key's share is counted in quarters of the TTL
+ShareReport = Callable[[str, int, int, int], None]  # key, its share, bytes written, refused
 _MAGIC = b"KT1\0"
 _QUEUE = 256
 _U32 = next(c for c in "IL" if array(c).itemsize == 4)
@@ -62,8 +74,11 @@ class Segment(Protocol):
     stored: int  # 0: not in Redis, 1: queued, 2: written
 
 
-def chain_seed(fingerprint: str, boundaries: Sequence[str]) -> bytes:
-    return hashlib.blake2b("\0".join([fingerprint, *boundaries]).encode(),
+def chain_seed(fingerprint: str, boundaries: Sequence[str], scope: Sequence[str] = ()
+               ) -> bytes:
+    """``d_0``: the tokenizer and template, the boundary tokens, and the scope (how the text
+    was encoded, and the tenant under isolation: ``router.prompt.cache.Scope``)."""
+    return hashlib.blake2b("\0".join([fingerprint, *boundaries, "\1", *scope]).encode(),
                            digest_size=16).digest()
 
 
@@ -135,9 +150,14 @@ class TokenStore:
     """Reads on the caller's thread (a short timeout); writes from one background thread."""
 
     def __init__(self, url: str, namespace: str, ttl_s: float, timeout_s: float = 0.05,
-                 backoff_s: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+                 backoff_s: float = 1.0, clock: Callable[[], float] = time.monotonic,
+                 key_bytes: int = 0, on_share: ShareReport | None = None,
+                 wall: Callable[[], float] = time.time) -> None:
         self.prefix = f"{{{namespace}}}:tok:"
+        self.use_prefix = f"{{{namespace}}}:tokuse:"
         self.ttl_ms = max(1, int(ttl_s * 1000))
+        self.key_bytes, self.on_share, self._wall = key_bytes, on_share, wall
+        self._quarter_s = ttl_s / QUARTERS
         self.min_lookup_chars = MIN_LOOKUP_CHARS
         self._redis = sync_client(url, socket_timeout=timeout_s,
                                   socket_connect_timeout=timeout_s)
@@ -147,7 +167,7 @@ class TokenStore:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self.counts = {"reads": 0, "read_errors": 0, "writes": 0, "write_errors": 0,
-                       "dropped": 0, "hit_entries": 0}
+                       "dropped": 0, "hit_entries": 0, "over_share": 0}
 
     def _count(self, op: str) -> None:
         self.counts[f"{op}_errors"] += 1
@@ -173,14 +193,17 @@ class TokenStore:
         return list(got)
 
     # -- writes, off the request's path ------------------------------------------------
-    def put(self, runs: Sequence[Sequence[Segment]]) -> None:
+    def put(self, runs: Sequence[Sequence[Segment]], owner: str | None = None) -> None:
         """Queue runs of consecutive segments (each written as entries keyed by the digest
-        of their last segment). The caller marked them ``stored = 1``."""
-        self._submit("put", runs, lambda: [setattr(s, "stored", 0) for r in runs for s in r])
+        of their last segment), counted against ``owner``'s share. The caller marked them
+        ``stored = 1``."""
+        self._submit("put", (runs, owner),
+                     lambda: [setattr(s, "stored", 0) for r in runs for s in r])
 
-    def touch(self, digests: list[bytes]) -> None:
-        """Renew the TTL of entries a read used."""
-        self._submit("touch", digests, lambda: None)
+    def touch(self, digests: list[bytes], size: int, owner: str | None = None) -> None:
+        """Renew the TTL of entries a read used (``size`` bytes, counted against
+        ``owner``'s share as a write would be: a renewal keeps them another TTL)."""
+        self._submit("touch", (digests, size, owner), lambda: None)
 
     def _submit(self, op: str, arg: Any, undo: Callable[[], Any]) -> None:
         self._start()
@@ -214,23 +237,30 @@ class TokenStore:
                 self._queue.task_done()
 
     def _write(self, op: str, arg: Any) -> None:
-        segs = [s for run in arg for s in run] if op == "put" else []
+        segs = [s for run in arg[0] for s in run] if op == "put" else []
         if not self.breaker.allow():
             self.counts["dropped"] += 1
             for s in segs:
                 s.stored = 0
             return
-        pipe = self._redis.pipeline(transaction=False)
         if op == "put":
-            for run in arg:
-                for part in split(run):
-                    pipe.set(self.key(part[-1].digest), pack([s.text for s in part],
-                                                             [s.ids for s in part]),
-                             px=self.ttl_ms)
+            writes = [(self.key(part[-1].digest), pack([s.text for s in part],
+                                                       [s.ids for s in part]))
+                      for run in arg[0] for part in split(run)]
+            owner, size = arg[1], sum(len(blob) for _, blob in writes)
         else:
-            for d in arg:
-                pipe.pexpire(self.key(d), self.ttl_ms)
+            writes, size, owner = [], arg[1], arg[2]
         try:
+            if not self._charge(owner, size):
+                self.counts["over_share"] += 1
+                for s in segs:
+                    s.stored = 0
+                return
+            pipe = self._redis.pipeline(transaction=False)
+            for key, blob in writes:
+                pipe.set(key, blob, px=self.ttl_ms)
+            for d in [] if op == "put" else arg[0]:
+                pipe.pexpire(self.key(d), self.ttl_ms)
             pipe.execute()
         except (redis.RedisError, OSError) as e:
             self.breaker.failed("write", e)
@@ -241,6 +271,26 @@ class TokenStore:
         self.counts["writes"] += 1
         for s in segs:
             s.stored = 2
+
+    def _charge(self, owner: str | None, size: int) -> bool:
+        """Count ``size`` bytes against ``owner``'s share; False (nothing counted) when it
+        would pass ``key_bytes``. No owner (keys off) or no bound: always True."""
+        if owner is None or not self.key_bytes:
+            return True
+        now = int(self._wall() // self._quarter_s)
+        keys = [f"{self.use_prefix}{owner}:{now - i}" for i in range(QUARTERS + 1)]
+        share = sum(int(v or 0) for v in self._redis.mget(keys))
+        if share + size > self.key_bytes:
+            if self.on_share is not None:
+                self.on_share(owner, share, 0, size)
+            return False
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.incrby(keys[0], size)
+        pipe.pexpire(keys[0], self.ttl_ms + int(self._quarter_s * 1000))
+        pipe.execute()
+        if self.on_share is not None:
+            self.on_share(owner, share + size, size, 0)
+        return True
 
     def close(self) -> None:
         self._redis.close()

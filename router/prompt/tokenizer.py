@@ -26,7 +26,8 @@ from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
-from router.prompt.cache import IncrementalEncoder, PromptCacheConfig, boundary_tokens
+from router.prompt.cache import IncrementalEncoder, PromptCacheConfig, Scope, boundary_tokens
+from router.prompt.generation import GenerationDefaults
 from router.prompt.pieces import INLINE_CHARS
 from router.prompt.setup import TokenCache, off_loop, with_env
 from router.prompt.specials import ClientSpecials
@@ -126,14 +127,20 @@ class ChatTokenizer:
             "eos_token": _token_text(cfg.get("eos_token")) or "",
         }
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        self.generation = GenerationDefaults.load(folder)  # sampling defaults (vLLM's rule)
         self.vocab_fingerprint = hashlib.sha256(
             (folder / "tokenizer.json").read_bytes()).hexdigest()
         setup = cache if isinstance(cache, TokenCache) else TokenCache(cache or with_env())
         self.cache_config = setup.config
         self.client_specials = ClientSpecials(self._tok)
+        self._added: dict[str, int] | None = None  # added tokens' text → id, on first use
+        # the cache's identity: the tokenizer and the template (a marked render's markers
+        # and cuts depend on both)
+        template_digest = hashlib.sha256(template.encode()).hexdigest()
         self.prompt_cache = IncrementalEncoder(
             self._tok, self._boundaries() if self.cache_config.enabled else (),
-            self.cache_config.max_bytes, setup.store, self.vocab_fingerprint)
+            self.cache_config.max_bytes, setup.store,
+            f"{self.vocab_fingerprint}:{template_digest}")
         _ = self.marking_exact  # logs at load when the template transforms client text
 
     def _boundaries(self) -> tuple[str, ...]:
@@ -187,6 +194,31 @@ class ChatTokenizer:
         return True
 
     @functools.cached_property
+    def past_reasoning(self) -> str:
+        """Which past reasoning (``reasoning_content`` / ``thinking`` of an assistant turn)
+        the template renders: "all"; "after_last_user", only that of the turns after the
+        last user message (Qwen3, most thinking templates); "none". Probed at first use."""
+        mark = "kvroute-reasoning-probe-7f3a"  # no edge whitespace: templates strip it
+        turn = {"role": "assistant", "content": "a", "reasoning_content": mark,
+                "thinking": mark}
+        try:
+            if mark in self.render([{"role": "user", "content": "u"}, turn,
+                                    {"role": "user", "content": "v"}]):
+                return "all"
+        except TemplateRenderError:
+            pass
+        call = {"id": "call_1", "type": "function",
+                "function": {"name": "f", "arguments": {}}}
+        try:
+            text = self.render([{"role": "user", "content": "u"},
+                                {**turn, "content": "", "tool_calls": [call]},
+                                {"role": "tool", "tool_call_id": "call_1", "name": "f",
+                                 "content": "r"}])
+        except TemplateRenderError:
+            return "after_last_user"  # cannot tell: keep what a tool turn might render
+        return "after_last_user" if mark in text else "none"
+
+    @functools.cached_property
     def system_in_place(self) -> bool:
         """Whether the template renders a system message after the first turn where it
         stands (Qwen, Llama 3 do; some templates raise or drop it)."""
@@ -199,13 +231,22 @@ class ChatTokenizer:
             return False
         return probe in text and text.index(probe) > text.index(first)
 
-    def encode(self, text: str, marked: bool = False) -> list[int]:
+    def encode(self, text: str, marked: bool = False, tenant: str | None = None,
+               source: str = "raw") -> list[int]:
         """Raw text's ids, every added-token string in it extracted (a completions prompt:
-        the client owns it whole); ``marked``: text from ``render_marked``."""
+        the client owns it whole); ``marked``: text from ``render_marked``. The prompt
+        cache's part is ``Scope(source, marked, tenant)``'s: a chat render and a raw prompt
+        of the same text, or two tenants, never share cached ids."""
         pieces = self.client_specials.encode_pieces if marked else None
         if not self.prompt_cache.active:
             return self.encode_full(text, marked)
-        return self.prompt_cache.encode(text, pieces)
+        return self.prompt_cache.encode(text, pieces, Scope(source, marked, tenant))
+
+    def commit(self, ids: list[int], owner: str | None = None) -> None:
+        """The request of ``ids`` (from ``encode``) was admitted: what the shared token
+        store lacks of its prompt may be written now, counted against ``owner``'s share
+        (a key's name; ``IncrementalEncoder.publish``)."""
+        self.prompt_cache.publish(ids, owner)
 
     def encode_full(self, text: str, marked: bool = False) -> list[int]:
         """Whole-text tokenization, no cache (the reference ``encode`` must equal)."""
@@ -228,9 +269,11 @@ class ChatTokenizer:
 
     def render_encode(self, messages: list[dict[str, Any]],
                       tools: list[dict[str, Any]] | None = None, suffix: str = "",
-                      options: TemplateOptions | None = None) -> list[int]:
+                      options: TemplateOptions | None = None, tenant: str | None = None
+                      ) -> list[int]:
         """The chat prompt's ids: only the template's special tokens are special ids."""
-        return self.encode(*self.render_marked(messages, tools, suffix, options))
+        text, marked = self.render_marked(messages, tools, suffix, options)
+        return self.encode(text, marked, tenant, "chat")
 
     def render_encode_full(self, messages: list[dict[str, Any]],
                            tools: list[dict[str, Any]] | None = None, suffix: str = "",
@@ -240,17 +283,19 @@ class ChatTokenizer:
 
     async def encode_chat(self, messages: list[dict[str, Any]],
                           tools: list[dict[str, Any]] | None = None, suffix: str = "",
-                          options: TemplateOptions | None = None) -> list[int]:
+                          options: TemplateOptions | None = None, tenant: str | None = None
+                          ) -> list[int]:
         """Render and tokenize, in the tokenize pool unless the conversation is small (a
         pool hop costs more than a short prompt's whole encoding); raises
-        ``TemplateRenderError``."""
+        ``TemplateRenderError``. ``tenant``: whose prompt cache (None: the shared one)."""
         if _rough_chars(messages, tools) < INLINE_CHARS:
-            return self.render_encode(messages, tools, suffix, options)
+            return self.render_encode(messages, tools, suffix, options, tenant)
         return await off_loop(self.cache_config, self.render_encode, messages, tools, suffix,
-                              options)
+                              options, tenant)
 
-    async def aencode(self, text: str) -> list[int]:
-        return await off_loop(self.cache_config, self.encode, text)
+    async def aencode(self, text: str, tenant: str | None = None) -> list[int]:
+        """A completions prompt's ids (``encode``), in the tokenize pool."""
+        return await off_loop(self.cache_config, self.encode, text, False, tenant)
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=False)
@@ -258,3 +303,10 @@ class ChatTokenizer:
     def token_id(self, text: str) -> int | None:
         """The id of a token of the vocabulary (added tokens included), or None."""
         return self._tok.token_to_id(text)
+
+    def added_token_id(self, text: str) -> int | None:
+        """The id of an added token (a special or marker token) whose text is ``text``, or
+        None: what a grammar must match as that token (``router.output.tool_grammar``)."""
+        if self._added is None:
+            self._added = {t.content: i for i, t in self._tok.get_added_tokens_decoder().items()}
+        return self._added.get(text)

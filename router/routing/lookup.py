@@ -61,6 +61,9 @@ async def context(parts: Parts, req: RouteRequest, weights: Mapping[str, float],
     for m in weights:  # what pre-warm sends new replicas (router.routing.prewarm)
         parts.prewarm.observe(m, req.tenant, req.token_ids, blocks[m], match.get(m, {}))
     cands = await _all_candidates(parts, weights, match)
+    if req.sampling.prompt_logprobs is not None:  # the engine prefills it all: no hit counts
+        for c in cands:
+            c.matched_tokens = c.host_tokens = 0
     return request_context(parts.config, req, weights, blocks, cands, sticky,
                            prompt_tokens=len(req.token_ids), now=parts.monotonic())
 

@@ -26,6 +26,8 @@ from router.prompt.tokenizer import ChatTokenizer
 from router.routing.context import Candidate, RequestContext
 from workers.protocol import SamplingParams
 
+Pin = tuple[str, str] | None  # a (model, replica) pair to try first
+
 
 @dataclass(frozen=True, slots=True)
 class RouteRequest:
@@ -37,6 +39,15 @@ class RouteRequest:
     session_id: str | None
     has_tools: bool = False
     tenant: str | None = None  # the cache salt (index.tenant_isolation): the key's name
+    pin: Pin = None  # (model, replica) tried first: a copy of ``n``
+
+
+def pinned(ranked: list[Candidate], pin: Pin) -> list[Candidate]:
+    """``ranked`` with the ``pin`` pair first (the replica that prefilled the copies'
+    prompt, ``router.api.common.fanout``); the rest stay behind it for a retry."""
+    if pin is None:
+        return ranked
+    return sorted(ranked, key=lambda c: (c.model, c.replica) != pin)  # stable: rank kept
 
 
 @functools.cache

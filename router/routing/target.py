@@ -27,6 +27,7 @@ class Target:
     window: int  # the largest member's context window
     default_max_tokens: int  # the smallest member's default output limit
     bytes_per_token: int = 32  # server.body_bytes_per_token: the most text one token holds
+    tenant: str | None = None  # the key whose prompt cache it reads (tenant isolation on)
 
     @property
     def max_prompt_chars(self) -> int:
@@ -48,8 +49,9 @@ class Targets:
         self.models: dict[str, ModelConfig] = {m.name: m for m in config.models}
         self.max_window = max(m.context_window for m in config.models)
 
-    def resolve(self, name: str) -> Target:
-        """The target of a model, group or 'auto'; 404 if unknown."""
+    def resolve(self, name: str, tenant: str | None = None) -> Target:
+        """The target of a model, group or 'auto'; 404 if unknown. ``tenant``: the prompt
+        cache and token store it reads and writes are that tenant's alone."""
         weights = self.config.resolve(name)
         if weights is None:
             raise ApiError(404, f"model {name!r} does not exist", "model_not_found", "model")
@@ -61,7 +63,7 @@ class Targets:
         return Target(name, weights, members[0], self.tokenizers[members[0].name],
                       max(m.context_window for m in members),
                       min(m.default_max_tokens for m in members),
-                      self.config.server.body_bytes_per_token)
+                      self.config.server.body_bytes_per_token, tenant)
 
     def windows(self) -> dict[str, int]:
         """Each model's and group's context window; a group's is its smallest member's,

@@ -239,7 +239,7 @@ async def test_times_out_fast_on_unresponsive_server() -> None:
     start = time.perf_counter()
     with pytest.raises((aioredis.TimeoutError, TimeoutError, aioredis.ConnectionError)):
         await index.lookup({"m": [1, 2, 3]})
-    assert time.perf_counter() - start < 0.5
+    assert time.perf_counter() - start < 3.0  # the 50 ms timeout, not the server's 5 s
     await index.close()
     server.close()
 

@@ -67,12 +67,15 @@ def stop_reason(
 
 def message(
     mid: str, model: str, content: list[dict[str, Any]], reason: str | None,
-    seq: str | None, use: dict[str, int],
+    seq: str | None, use: dict[str, int], safeguard_results: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    return {
+    body = {
         "id": mid, "type": "message", "role": "assistant", "model": model,
         "content": content, "stop_reason": reason, "stop_sequence": seq, "usage": use,
     }
+    if safeguard_results is not None:  # asked for (router.api.anthropic.safeguards)
+        body["safeguard_results"] = safeguard_results
+    return body
 
 
 def message_start(mid: str, model: str, prompt_tokens: int) -> bytes:
@@ -86,10 +89,14 @@ def ping() -> bytes:
     return sse("ping", {"type": "ping"})
 
 
-def message_delta(reason: str, seq: str | None, use: dict[str, int]) -> bytes:
-    return sse("message_delta", {"type": "message_delta",
-                                 "delta": {"stop_reason": reason, "stop_sequence": seq},
-                                 "usage": use})
+def message_delta(reason: str, seq: str | None, use: dict[str, int],
+                  safeguard_results: list[dict[str, Any]] | None = None) -> bytes:
+    """The end of a message; ``safeguard_results`` (when the request asked for them) in the
+    delta, where Claude Code reads them."""
+    delta: dict[str, Any] = {"stop_reason": reason, "stop_sequence": seq}
+    if safeguard_results is not None:
+        delta["safeguard_results"] = safeguard_results
+    return sse("message_delta", {"type": "message_delta", "delta": delta, "usage": use})
 
 
 def message_stop() -> bytes:

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from router.api.common import limits as lim
+from router.api.common.fields import Checked
 
 
 class _Lenient(BaseModel):
@@ -117,18 +118,28 @@ class ThinkingConfig(_Lenient):
 
 
 class OutputConfig(_Lenient):
-    """``effort`` goes to thinking templates; ``format`` (structured outputs) is refused."""
+    """``effort`` goes to thinking templates; ``format`` (structured outputs,
+    ``{"type": "json_schema", "schema": {..}}``) constrains decoding to the schema."""
 
     effort: str | None = None
     format: dict[str, Any] | None = None
 
     @field_validator("format")
     @classmethod
-    def _no_format(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
-        if v is not None:
-            raise ValueError("structured outputs need constrained decoding, which kvroute's "
-                             "engines do not do; describe the format in the prompt instead")
+    def _json_schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is not None and (v.get("type") != "json_schema"
+                              or not isinstance(v.get("schema"), dict)):
+            raise ValueError('format must be {"type": "json_schema", "schema": {..}}')
         return v
+
+
+class Safeguard(_Lenient):
+    """A safety check the client asks for on the reply's tool calls (Claude Code's auto
+    mode: ``dangerous_tool_use`` with its permission rules as ``classifier_context``);
+    answered in ``message_delta`` (``router.api.anthropic.safeguards``)."""
+
+    type: str = Field(min_length=1, max_length=128)
+    classifier_context: dict[str, Any] | None = None
 
 
 class CountTokensRequest(_Lenient):
@@ -145,14 +156,16 @@ class CountTokensRequest(_Lenient):
     output_config: OutputConfig | None = None
 
 
-class MessagesRequest(CountTokensRequest):
+class MessagesRequest(CountTokensRequest, Checked):
+    field_api = "messages"
     max_tokens: int = Field(ge=1)
     metadata: Metadata | None = None
+    safeguards: list[Safeguard] | None = Field(None, max_length=16)
     stop_sequences: list[str] | None = None
     stream: bool = False
     temperature: float | None = Field(None, ge=0.0, le=1.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=0)  # accepted; the engines sample without top-k
+    top_k: int | None = Field(None, ge=0)  # 0: off
 
     @field_validator("stop_sequences")
     @classmethod

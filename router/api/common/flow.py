@@ -20,7 +20,7 @@ and its reply. ``prepare`` is steps 1-5 alone (``/v1/messages/count_tokens``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Generic, NamedTuple, TypeVar, cast
 
 from fastapi import Request
@@ -28,6 +28,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
 from router.api.common import request as rq
+from router.api.common import structured as st
 from router.api.common.identity import session_key
 from router.api.common.reply import Reply
 from router.auth.keys import ApiKeyConfig
@@ -37,7 +38,7 @@ from router.errors import ApiError
 from router.output import reasoning_parsers as rp
 from router.prompt.template import ChatPrompt
 from router.routing.target import Target
-from workers.protocol import SamplingParams
+from workers.protocol import Constraint, SamplingParams
 
 R = TypeVar("R", bound=BaseModel)
 X = TypeVar("X")
@@ -71,6 +72,9 @@ class Turn(Generic[R, X]):
     bound: bool  # the output limit was cut to fit the context
     gen: Generation
     budget: int = 0  # the output limit used (``bound``: the room the prompt left)
+    index: int = 0  # the choice this generation is (``router.api.common.fanout``)
+    choices: int = 1  # the choices of the reply
+    core: RouterCore | None = None  # for a reply that makes side requests (safety verdicts)
 
 
 class Spec(Generic[R, X]):
@@ -91,7 +95,7 @@ class Spec(Generic[R, X]):
     async def encode(self, req: R, target: Target, kept: X) -> tuple[ChatPrompt | None, list[int]]:
         prompt = self.normalize(req, target, kept)
         rq.check_text_fits(target, rq.text_chars(prompt), self.too_long)
-        return prompt, await rq.encode_prompt(target.tokenizer, prompt)
+        return prompt, await rq.encode_prompt(target, prompt)
 
     def too_long(self, overflow: rq.Overflow) -> ApiError:
         """The API's 400 for a prompt that alone fills the window (OpenAI's shape)."""
@@ -100,8 +104,15 @@ class Spec(Generic[R, X]):
     def output_limit(self, req: R) -> int | None:
         raise NotImplementedError
 
-    def sampling(self, req: R, max_tokens: int) -> SamplingParams:
+    def sampling(self, req: R, max_tokens: int, target: Target) -> SamplingParams:
+        """The worker's sampling (``router.api.common.sampling.params``: unset fields from
+        ``target``'s model defaults)."""
         raise NotImplementedError
+
+    def constraint(self, p: Prepared[R, X]) -> Constraint | None:
+        """What decoding is held to (structured output, a forced tool call), or None; a
+        bad one is the API's 400 (``router.api.common.structured``)."""
+        return None
 
     def session_hint(self, req: R) -> SessionHint:
         return SessionHint()
@@ -124,20 +135,53 @@ class Spec(Generic[R, X]):
     def headers(self, turn: Turn[R, X]) -> dict[str, str]:
         return {}
 
+    async def serve(self, core: RouterCore, request: Request, key: ApiKeyConfig | None,
+                    req: R) -> Response:
+        """Steps 3-9 of a parsed request; an API with several generations per request
+        (OpenAI's ``n`` and batched prompts: ``router.api.common.fanout``) overrides it."""
+        return await serve_one(core, request, self, await prepared(core, self, key, req))
 
-async def prepare(core: RouterCore, request: Request, spec: Spec[R, X]) -> Prepared[R, X]:
-    """Steps 1-5: admitted, parsed, resolved, templated and tokenized."""
+
+async def admitted(core: RouterCore, request: Request, spec: Spec[R, X]
+                   ) -> tuple[ApiKeyConfig | None, R]:
+    """Steps 1-2: the caller admitted and the body parsed."""
     key = await core.admit(request.headers)  # 401 / 429 before reading the body
-    req = await rq.parse_body(request, spec.schema, rq.body_limits(core))
+    return key, await rq.parse_body(request, spec.schema, rq.body_limits(core, key, request))
+
+
+async def prepared(core: RouterCore, spec: Spec[R, X], key: ApiKeyConfig | None, req: R
+                   ) -> Prepared[R, X]:
+    """Steps 3-5 of a parsed request: recalled, resolved, templated and tokenized."""
     kept = await spec.recall(req, key)
-    target = core.target(req.model)  # type: ignore[attr-defined]  # every schema has it
+    target = core.target(req.model, key)  # type: ignore[attr-defined]  # every schema has it
     prompt, ids = await spec.encode(req, target, kept)
     return Prepared(key, req, target, prompt, ids, kept)
 
 
+async def prepare(core: RouterCore, request: Request, spec: Spec[R, X]) -> Prepared[R, X]:
+    """Steps 1-5: admitted, parsed, resolved, templated and tokenized."""
+    return await prepared(core, spec, *await admitted(core, request, spec))
+
+
 async def serve(core: RouterCore, request: Request, spec: Spec[R, X]) -> Response:
     """The whole flow: one request of ``spec``'s API, replied whole or streamed."""
-    p = await prepare(core, request, spec)
+    key, req = await admitted(core, request, spec)
+    return await spec.serve(core, request, key, req)
+
+
+def worker_sampling(spec: Spec[R, X], p: Prepared[R, X], budget: int) -> SamplingParams:
+    """The spec's sampling for ``p`` with its output constraint (a 400 when the request's
+    is one the target cannot decode)."""
+    constraint = spec.constraint(p)
+    if p.prompt is not None:  # a chat whose template opened a reasoning block
+        constraint = st.after_reasoning(constraint, p.target, p.ids)
+    sampling = spec.sampling(p.req, budget, p.target)
+    return sampling if constraint is None else replace(sampling, constraint=constraint)
+
+
+async def serve_one(core: RouterCore, request: Request, spec: Spec[R, X], p: Prepared[R, X]
+                    ) -> Response:
+    """Steps 6-9: one generation, replied whole or streamed."""
     req = p.req
     budget, bound = rq.output_budget(p.target, len(p.ids), spec.output_limit(req),
                                      spec.too_long)
@@ -145,10 +189,13 @@ async def serve(core: RouterCore, request: Request, spec: Spec[R, X]) -> Respons
     hint = spec.session_hint(req)
     session = session_key(request.headers, prompt_cache_key=hint.prompt_cache_key,
                           user_id=hint.user_id, tenant=p.key.name if p.key else None)
-    gen = await core.generate(p.target, p.ids, spec.sampling(req, budget), rid,
+    sampling = worker_sampling(spec, p, budget)  # a constraint's 400 before any routing
+    gen = await core.generate(p.target, p.ids, sampling, rid,
                               rq.forwarded_headers(request), session, api_key=p.key,
                               has_tools=spec.has_tools(req))
-    turn = Turn(p, rid, bound, gen, budget)
+    # admitted: the shared token store may learn its prompt, on its key's share
+    p.target.tokenizer.commit(p.ids, p.key.name if p.key else None)
+    turn = Turn(p, rid, bound, gen, budget, core=core)
     try:
         reply = spec.reply(turn)
         headers = {**rq.routing_headers(core, gen), **rq.budget_headers(turn.bound, budget),

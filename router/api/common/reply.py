@@ -41,6 +41,8 @@ class Stream(Protocol):
 
 
 class Reply:
+    error = False  # the stream ended with the API's error event
+
     def __init__(self, gen: Stream, output: Output, parser: ToolParser | None,
                  reasoner: ReasoningParser | None, label: str) -> None:
         self.gen, self.output, self.parser, self.reasoner = gen, output, parser, reasoner
@@ -57,6 +59,7 @@ class Reply:
                            "replica_failed") from None
         finally:
             self.gen.close()  # also when the client went away: aborts the worker's generation
+        await self.settle()
         await self.done()
         return self.body()
 
@@ -70,9 +73,11 @@ class Reply:
                 data = add(batch[0]) if len(batch) == 1 else b"".join([add(ev) for ev in batch])
                 if data:
                     yield data
+            await self.settle()
             closing = self.finish()
         except Exception as e:  # a replica died mid-stream: the API's error event ends it
             log.warning("stream %s failed: %r", self.label, e)
+            self.error = True
             yield self.failed(f"generation failed on replica {self.gen.replica}")
             return
         finally:
@@ -95,6 +100,10 @@ class Reply:
     def body(self) -> dict[str, Any]:
         """The whole reply, after every event."""
         raise NotImplementedError
+
+    async def settle(self) -> None:
+        """After the last event, before ``finish`` / ``body``: what the reply's end needs
+        from elsewhere (Anthropic's safety verdicts on its tool calls)."""
 
     async def done(self) -> None:
         """After the generation closed, before the reply's end goes out."""

@@ -9,20 +9,21 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ValidationError
 from ray import serve
 
+from router.auth.bodies import BodyWaits, body_owner
+from router.auth.keys import ApiKeyConfig
 from router.core import Generation, RouterCore
 from router.errors import ApiError
 from router.output.reasoning_parsers import fit_history
 from router.prompt.template import ChatPrompt
-from router.prompt.tokenizer import ChatTokenizer, TemplateRenderError
+from router.prompt.tokenizer import TemplateRenderError
 from router.routing.target import Target
-from workers.protocol import SamplingParams
 
 MAX_BODY_BYTES = 8 << 20  # the default of ServerConfig.max_body_bytes (docs/reliability.md)
 M = TypeVar("M", bound=BaseModel)
@@ -40,6 +41,8 @@ class BodyLimits:
     max_bytes: int = MAX_BODY_BYTES
     window_bytes: int | None = None
     read_timeout_s: float | None = None  # the whole body must arrive within it (slow clients)
+    waits: BodyWaits | None = None  # bodies being read per owner (``router.auth.bodies``)
+    owner: str = ""
 
     @property
     def limit(self) -> int:
@@ -55,11 +58,16 @@ class BodyLimits:
 WINDOW_SLACK_BYTES = 1 << 20
 
 
-def body_limits(core: RouterCore) -> BodyLimits:
+def body_limits(core: RouterCore, key: ApiKeyConfig | None = None,
+                request: Request | None = None) -> BodyLimits:
+    """With ``request``: its body counts against its key's bound (``router.auth.bodies``;
+    keys off: its client address's) while it is read."""
     server = core.server
+    owner = "" if request is None else \
+        body_owner(key, request.client.host if request.client else None)
     return BodyLimits(server.max_body_bytes,
                       core.targets.max_window * server.body_bytes_per_token + WINDOW_SLACK_BYTES,
-                      server.body_read_timeout_s)
+                      server.body_read_timeout_s, core.body_waits if owner else None, owner)
 
 
 async def read_body(request: Request, limits: BodyLimits | None = None) -> bytes:
@@ -67,12 +75,20 @@ async def read_body(request: Request, limits: BodyLimits | None = None) -> bytes
 
     A declared ``Content-Length`` over the limit is refused before reading anything, and a
     chunked body stops being read at the limit, so an oversized upload is never held whole.
+    While it is read it counts against its owner's bound (a 429 past it, before reading).
     """
     limits = limits or BodyLimits()
-    limit = limits.limit
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
+    if declared.isdigit() and int(declared) > limits.limit:
         raise limits.refusal(int(declared))
+    if limits.waits is None:
+        return await _read(request, limits)
+    with limits.waits.hold(limits.owner):
+        return await _read(request, limits)
+
+
+async def _read(request: Request, limits: BodyLimits) -> bytes:
+    limit = limits.limit
     chunks, size = [], 0
     try:
         async with asyncio.timeout(limits.read_timeout_s):
@@ -129,12 +145,18 @@ def request_id(prefix: str) -> str:
     return rid or f"{prefix}-{uuid.uuid4().hex}"
 
 
+class Closes(Protocol):
+    """A generation, or all of a request's (``router.api.common.fanout.Generations``)."""
+
+    def close(self) -> None: ...
+
+
 class GenerationStream(StreamingResponse):
     """A streamed reply that closes its generation however the response ends: a client
     that leaves before the body's first byte never starts the body's generator, whose
     own ``finally`` would then never run (the worker request would go on)."""
 
-    def __init__(self, body: AsyncIterator[bytes], gen: Generation,
+    def __init__(self, body: AsyncIterator[bytes], gen: Closes,
                  headers: dict[str, str]) -> None:
         super().__init__(body, media_type="text/event-stream",
                          headers={**headers, "cache-control": "no-cache"})
@@ -164,14 +186,15 @@ def budget_headers(cut: bool, budget: int) -> dict[str, str]:
     return {MAX_TOKENS_CUT: str(budget)} if cut else {}
 
 
-async def encode_prompt(tok: ChatTokenizer, prompt: ChatPrompt) -> list[int]:
+async def encode_prompt(target: Target, prompt: ChatPrompt) -> list[int]:
     """Render the chat template and tokenize, once, in the tokenize pool (off the event
-    loop; only the new part of a growing prompt is tokenized, ``router.prompt.cache``); a
-    conversation the template refuses is a 400."""
+    loop; only the new part of a growing prompt is tokenized, ``router.prompt.cache``, in
+    the target's tenant's cache); a conversation the template refuses is a 400."""
+    tok = target.tokenizer
     messages = fit_history(tok.template_source, prompt.messages)
     try:
         return await tok.encode_chat(messages, prompt.tools, prompt.prefill or "",
-                                    prompt.options)
+                                    prompt.options, target.tenant)
     except TemplateRenderError as e:
         raise ApiError(400, str(e), "invalid_messages", "messages") from None
 
@@ -225,9 +248,3 @@ def check_text_fits(target: Target, chars: int,
         raise overflow(Overflow(-(-chars // target.bytes_per_token), target.window,
                                 at_least=True))
 
-
-def sampling(max_tokens: int, temperature: float | None, top_p: float | None,
-             stop: tuple[str, ...], seed: int | None) -> SamplingParams:
-    return SamplingParams(max_tokens=max_tokens,
-                          temperature=0.0 if temperature is None else temperature,
-                          top_p=1.0 if top_p is None else top_p, stop=stop, seed=seed)

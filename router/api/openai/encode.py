@@ -16,6 +16,7 @@ from typing import Any
 
 from router.api.common.output import TEXT, Output
 from router.api.common.wire import VERSION, hex_id, quote, sse, template
+from router.api.openai.logprobs import Notes
 from router.output.tool_calls import ToolCall
 from workers.protocol import Final, Usage
 
@@ -57,6 +58,7 @@ def system_fingerprint(model: str, vocab_fingerprint: str) -> str:
 def chat_completion(
     rid: str, model: str, text: str, final: Final | None,
     calls: list[ToolCall] | None = None, reasoning: str = "", fingerprint: str | None = None,
+    logprobs: dict[str, Any] | None = None, prompt_logprobs: list[Any] | None = None,
 ) -> dict:
     message: dict[str, Any] = {"role": "assistant", "content": text}
     if reasoning:  # as vLLM and DeepSeek return it
@@ -68,40 +70,47 @@ def chat_completion(
         "id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
         "system_fingerprint": fingerprint, "choices": [{
             "index": 0, "message": message,
-            "finish_reason": finish_reason(final, bool(calls)), "logprobs": None,
+            "finish_reason": finish_reason(final, bool(calls)), "logprobs": logprobs,
         }],
         "usage": usage_block(final),
-    }
+    } | ({} if prompt_logprobs is None else {"prompt_logprobs": prompt_logprobs})  # vLLM's
 
 
 def text_completion(rid: str, model: str, text: str, final: Final | None,
-                    fingerprint: str | None = None) -> dict:
+                    fingerprint: str | None = None, logprobs: dict[str, Any] | None = None,
+                    prompt_logprobs: list[Any] | None = None) -> dict:
+    choice = {"index": 0, "text": text, "finish_reason": finish_reason(final),
+              "logprobs": logprobs}
+    if prompt_logprobs is not None:  # vLLM's
+        choice["prompt_logprobs"] = prompt_logprobs
     return {
         "id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
-        "system_fingerprint": fingerprint, "choices": [{
-            "index": 0, "text": text, "finish_reason": finish_reason(final), "logprobs": None,
-        }],
+        "system_fingerprint": fingerprint, "choices": [choice],
         "usage": usage_block(final),
     }
 
 
 def chat_chunk(rid: str, model: str, delta: dict[str, Any], reason: str | None,
-               created: int | None = None, fingerprint: str | None = None) -> dict:
+               created: int | None = None, fingerprint: str | None = None,
+               logprobs: dict[str, Any] | None = None) -> dict:
+    choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": reason}
+    if logprobs is not None:
+        choice["logprobs"] = logprobs
     return {
         "id": rid, "object": "chat.completion.chunk",
         "created": int(time.time()) if created is None else created,
-        "model": model, "system_fingerprint": fingerprint,
-        "choices": [{"index": 0, "delta": delta, "finish_reason": reason}],
+        "model": model, "system_fingerprint": fingerprint, "choices": [choice],
     }
 
 
 def text_chunk(rid: str, model: str, text: str, reason: str | None,
-               created: int | None = None, fingerprint: str | None = None) -> dict:
+               created: int | None = None, fingerprint: str | None = None,
+               logprobs: dict[str, Any] | None = None) -> dict:
     return {
         "id": rid, "object": "text_completion",
         "created": int(time.time()) if created is None else created, "model": model,
         "system_fingerprint": fingerprint,
-        "choices": [{"index": 0, "text": text, "finish_reason": reason, "logprobs": None}],
+        "choices": [{"index": 0, "text": text, "finish_reason": reason, "logprobs": logprobs}],
     }
 
 
@@ -139,12 +148,15 @@ class ChunkEncoder:
             return self.delta({"content": text} if self.chat else {"text": text})
         return self._head + quote(text).encode() + self._tail
 
-    def delta(self, delta: dict[str, Any], reason: str | None = None) -> bytes:
-        """Any other chunk: a chat delta (tool calls, the role, the end) or a text end."""
+    def delta(self, delta: dict[str, Any], reason: str | None = None,
+              logprobs: dict[str, Any] | None = None) -> bytes:
+        """Any other chunk: a chat delta (tool calls, the role, the end) or a text end;
+        either with ``logprobs`` (``router.api.openai.logprobs``)."""
         if self.chat:
-            return sse(chat_chunk(self.rid, self.model, delta, reason, self.created, self.fp))
+            return sse(chat_chunk(self.rid, self.model, delta, reason, self.created, self.fp,
+                                  logprobs))
         return sse(text_chunk(self.rid, self.model, delta.get("text", ""), reason,
-                              self.created, self.fp))
+                              self.created, self.fp, logprobs))
 
     def usage(self, final: Final | None) -> bytes:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
@@ -165,18 +177,29 @@ class ChatOutput(Output):
     reply and, given an encoder, each event's chunk (``ChunkEncoder``; None: a reply that is
     not streamed sends nothing per event)."""
 
-    def __init__(self, enc: ChunkEncoder | None, single_call: bool = False) -> None:
+    def __init__(self, enc: ChunkEncoder | None, single_call: bool = False,
+                 notes: Notes | None = None) -> None:
         super().__init__(single_call)
         self.enc = enc
         self.text: list[str] = []
         self.reasoning: list[str] = []
+        self.notes = notes  # logprobs and the echoed prompt (``router.api.openai.logprobs``)
 
     def delta(self, kind: str, text: str) -> bytes:
         if kind == TEXT:  # the bulk of a stream
             self.text.append(text)
-            return self.enc.text(text) if self.enc is not None else b""
+            if self.enc is None:
+                return b""
+            if self.notes is not None:
+                shown, logprobs = self.notes.piece(text)
+                field = "content" if self.enc.chat else "text"
+                return self.enc.delta({field: shown}, None, logprobs)
+            return self.enc.text(text)
         self.reasoning.append(text)  # as vLLM and DeepSeek stream it
-        return self.enc.delta({"reasoning_content": text}) if self.enc is not None else b""
+        if self.enc is None:
+            return b""
+        logprobs = self.notes.piece("")[1] if self.notes is not None else None
+        return self.enc.delta({"reasoning_content": text}, None, logprobs)
 
     def call(self, call: ToolCall, index: int) -> bytes:
         if self.enc is None:

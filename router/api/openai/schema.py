@@ -3,11 +3,13 @@
 Unknown top-level fields are ignored, as OpenAI-compatible servers commonly do,
 so newer SDKs keep working; known fields are checked strictly.
 
-``response_format``: the engines cannot constrain decoding yet, so ``json_object``
-and ``json_schema`` are passed to the model as an instruction only (``instruction()``).
-A ``json_schema`` with ``strict: true`` (which promises conformance) is served the same
-way, and its reply says so in the ``x-kvroute-schema-not-enforced`` header
-(``ResponseFormat.not_enforced``): the Codex TUI sends one for every new thread's title.
+Which field is honoured, refused or ignored is the field rule's
+(``router.api.common.fields``), which runs on the raw body first.
+
+``response_format`` (``json_object``, ``json_schema`` strict or not) and vLLM's
+``structured_outputs`` / ``guided_*`` fields (``router.api.openai.structured``) become a
+decoding constraint the engine enforces (``ResponseFormat.constraint``); nothing is added to
+the prompt, so the prompt and its cached prefix stay the client's own.
 """
 
 from __future__ import annotations
@@ -19,13 +21,19 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from router.api.common import limits as lim
+from router.api.common.fields import Checked
+from router.api.common.sampling import OutputControls, check_min_tokens, check_stops, stop_tuple
+from router.api.common.structured import json_schema
+from router.api.openai.structured import StructuredOutputs
+from router.errors import ApiError
 from router.output.reasoning_parsers.controls import options, with_past_reasoning
 from router.prompt.template import strip_volatile
 from router.prompt.tokenizer import TemplateOptions
+from workers.protocol import Constraint
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # seed: engines seed 64-bit generators
-MAX_STOP_CHARS = 512  # stop matching costs grow with the length
-SCHEMA_NOT_ENFORCED = "x-kvroute-schema-not-enforced"  # value: the strict schema's name
+MAX_LOGPROBS = 20  # top logprobs per token: OpenAI's chat bound, vLLM's max_logprobs default
+MAX_CHOICES = 128  # n, and a batched prompt's prompts × n: OpenAI's bound on n
 
 
 class _Lenient(BaseModel):
@@ -89,9 +97,13 @@ def _template_call(call: dict[str, Any]) -> dict[str, Any]:
 
 class StreamOptions(_Lenient):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: usage on every chunk (with include_usage)
 
 
-class SamplingFields(_Lenient):
+class SamplingFields(OutputControls):
+    """OpenAI's sampling fields and vLLM's (``OutputControls``), shared by chat and
+    completions."""
+
     model: str = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
@@ -99,28 +111,39 @@ class SamplingFields(_Lenient):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     stop: str | list[str] | None = None
     seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)  # vLLM's own bounds
-    n: int = Field(1, ge=1, le=1)
+    n: int | None = Field(1, ge=1, le=MAX_CHOICES)  # null: 1 (router.api.common.fanout)
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
     prompt_cache_key: str | None = None  # a session key (router.api.common.identity)
+    # structured outputs, vLLM's names (router.api.openai.structured)
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = Field(None, max_length=lim.MAX_TEXT_CHARS)
+    guided_choice: list[Any] | None = Field(None, max_length=256)
+    guided_grammar: str | None = Field(None, max_length=lim.MAX_TEXT_CHARS)
 
     @field_validator("stop")
     @classmethod
     def _stops(cls, v: str | list[str] | None) -> str | list[str] | None:
-        if isinstance(v, list) and len(v) > 16:
-            raise ValueError("at most 16 stop sequences")
-        if any(len(s) > MAX_STOP_CHARS for s in ([v] if isinstance(v, str) else v or [])):
-            raise ValueError(f"a stop sequence may have at most {MAX_STOP_CHARS} characters")
-        return v
+        return check_stops(v)
+
+    @model_validator(mode="after")
+    def _min_tokens(self) -> SamplingFields:
+        try:
+            check_min_tokens(self.min_tokens, self.output_limit())
+        except ValueError as e:
+            raise ApiError(400, f"min_tokens: {e}", "invalid_request", "min_tokens") from None
+        return self
 
     def stop_list(self) -> tuple[str, ...]:
-        if self.stop is None:
-            return ()
-        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        return stop_tuple(self.stop)
 
     def output_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def copies(self) -> int:
+        return self.n or 1
 
 
 class FunctionDef(_Lenient):
@@ -161,24 +184,18 @@ class ResponseFormat(_Lenient):
             raise ValueError("json_schema is required when type is 'json_schema'")
         return self
 
-    def not_enforced(self) -> dict[str, str]:
-        """The header of a reply to a strict schema, which decoding does not enforce."""
-        if self.type == "json_schema" and self.json_schema and self.json_schema.strict:
-            return {SCHEMA_NOT_ENFORCED: self.json_schema.name}
-        return {}
-
-    def instruction(self) -> str | None:
-        """The instruction this format adds to the system message (None for text)."""
+    def constraint(self) -> Constraint | None:
+        """What decoding is held to (None for text): the schema, strict or not, else any
+        JSON object."""
         if self.type == "json_object":
-            return "Respond with a single valid JSON object and nothing else."
+            return Constraint("json_object")
         if self.type == "json_schema" and self.json_schema is not None:
-            schema = json.dumps(self.json_schema.schema_ or {}, ensure_ascii=False)
-            return ("Respond with a single valid JSON object and nothing else, conforming "
-                    f"to this JSON schema ({self.json_schema.name}): {schema}")
+            return json_schema(self.json_schema.schema_)
         return None
 
 
-class ChatCompletionRequest(SamplingFields):
+class ChatCompletionRequest(SamplingFields, Checked):
+    field_api = "chat"
     messages: list[ChatMessage] = Field(min_length=1, max_length=lim.MAX_MESSAGES)
     tools: list[ToolDef] | None = Field(None, max_length=lim.MAX_TOOLS)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
@@ -186,21 +203,19 @@ class ChatCompletionRequest(SamplingFields):
     response_format: ResponseFormat | None = None
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] \
         | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)  # vLLM's
 
     def template_options(self) -> TemplateOptions:
         return options(None, self.reasoning_effort)
 
     def template_messages(self) -> list[dict[str, Any]]:
         """The chat template's input: developer → system, volatile header lines stripped,
-        tool-call arguments as mappings, a response format's instruction in the system prompt."""
+        tool-call arguments as mappings."""
         out = [m.template_message() for m in self.messages]
         if out and out[0]["role"] == "system":
             out[0]["content"] = strip_volatile(out[0]["content"])
-        if self.response_format and (note := self.response_format.instruction()):
-            if out[0]["role"] == "system":  # the end of the system prompt: stable across turns
-                out[0]["content"] = f"{out[0]['content']}\n\n{note}" if out[0]["content"] else note
-            else:
-                out.insert(0, {"role": "system", "content": note})
         return out
 
     def template_tools(self) -> list[dict[str, Any]] | None:
@@ -210,7 +225,33 @@ class ChatCompletionRequest(SamplingFields):
         return bool(self.tools) and self.tool_choice != "none"
 
 
-class CompletionRequest(SamplingFields):
-    prompt: Annotated[str, Field(max_length=lim.MAX_TEXT_CHARS)] | list[int] = Field(
-        description="A string, or a list of token ids.")
+COMPLETION_MAX_TOKENS = 16  # completions' max_tokens when unset, as OpenAI's and vLLM's
+Text = Annotated[str, Field(max_length=lim.MAX_TEXT_CHARS)]
+
+
+class CompletionRequest(SamplingFields, Checked):
+    field_api = "completions"
+    prompt: (Text | list[int] | Annotated[list[Text], Field(min_length=1)]
+             | Annotated[list[list[int]], Field(min_length=1)]) = Field(
+        description="A string or a list of token ids; or a batch: a list of strings or of "
+        "token-id lists (one choice per prompt and copy, OpenAI's and vLLM's batched prompt).")
     echo: bool = False
+    best_of: int | None = Field(None, ge=1)  # only equal to n (router.api.openai.choices)
+    response_format: ResponseFormat | None = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)  # vLLM's bound (OpenAI: 5)
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)  # vLLM's
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_prompt(cls, v: Any) -> Any:
+        """A batch of one prompt (lm-eval's ``[[ids]]``) is that prompt."""
+        if isinstance(v, list) and len(v) == 1 and isinstance(v[0], str | list):
+            return v[0]
+        return v
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts of the batch (one for a single prompt)."""
+        p = self.prompt
+        if isinstance(p, str) or not p or isinstance(p[0], int):
+            return [p]  # type: ignore[list-item]  # a string or one id list
+        return list(p)  # type: ignore[arg-type]

@@ -66,12 +66,12 @@ class DetokenizeRequest(_Lenient):
 async def _admitted(core: RouterCore, request: Request, schema: type[Any]
                     ) -> tuple[ApiKeyConfig | None, Any, Target]:
     key = await core.admit(request.headers)
-    req = await rq.parse_body(request, schema, rq.body_limits(core))
+    req = await rq.parse_body(request, schema, rq.body_limits(core, key, request))
     names = [m.name for m in core.targets.config.models]
     if req.model is None and len(names) != 1:
         raise ApiError(400, "model is required when several models are served",
                        "invalid_request", "model")
-    return key, req, core.target(req.model or names[0])
+    return key, req, core.target(req.model or names[0], key)
 
 
 async def _charge(core: RouterCore, key: ApiKeyConfig | None, tokens: int) -> None:
@@ -83,11 +83,11 @@ async def tokenize(core: RouterCore, request: Request) -> dict[str, Any]:
     key, req, target = await _admitted(core, request, TokenizeRequest)
     tok = target.tokenizer
     if req.prompt is not None:
-        ids = await tok.aencode(req.prompt)
+        ids = await tok.aencode(req.prompt, target.tenant)
     else:
         chat = ChatCompletionRequest.model_construct(model=target.name, messages=req.messages,
                                                      tools=req.tools)
-        ids = await rq.encode_prompt(tok, CHAT.normalize(chat, target, None))
+        ids = await rq.encode_prompt(target, CHAT.normalize(chat, target, None))
     await _charge(core, key, len(ids))
     strs = await off_loop(tok.cache_config, _pieces, tok, ids) if req.return_token_strs \
         else None

@@ -30,6 +30,7 @@ from typing import Any
 from router.api.common.output import REASONING, TEXT
 from router.api.common.output import Output as Accumulator
 from router.api.common.wire import hex_id, quote, sse_event, template
+from router.api.openai.logprobs import LogprobTap, chat_entry
 from router.api.responses.schema import ResponsesRequest
 from router.api.responses.tools import CUSTOM_INPUT, TOOL_SEARCH, ToolCatalog, template_name
 from router.output.reasoning_parsers.controls import with_past_reasoning
@@ -90,9 +91,10 @@ class Output(Accumulator):
     """
 
     def __init__(self, req: ResponsesRequest, rid: str, catalog: ToolCatalog,
-                 single_call: bool) -> None:
+                 single_call: bool, logprobs: LogprobTap | None = None) -> None:
         super().__init__(single_call)
         self.req, self.id, self.catalog = req, rid, catalog
+        self.tap, self.top = logprobs, req.output_logprobs() or 0  # include's logprobs
         self.items: list[dict[str, Any]] = []
         self.created = int(time.time())
         self._seq = 0
@@ -109,7 +111,16 @@ class Output(Accumulator):
                 + self.event("response.in_progress", response=snapshot))
 
     def delta(self, kind: str, text: str) -> bytes:
-        self.items[-1]["content"][0]["text"] += text
+        part = self.items[-1]["content"][0]
+        part["text"] += text
+        if self.tap is not None:  # the tokens' logprobs go with the message's text only
+            entries = [chat_entry(x, self.top) for x in self.tap.take()]
+            if kind == TEXT:
+                part["logprobs"].extend(entries)
+                item = self.items[-1]
+                return self.event("response.output_text.delta", item_id=item["id"],
+                                  output_index=len(self.items) - 1, content_index=0,
+                                  delta=text, logprobs=entries)
         head, mid, tail = self._delta
         seq, self._seq = self._seq, self._seq + 1
         return head + str(seq).encode() + mid + quote(text).encode() + tail
@@ -177,7 +188,7 @@ class Output(Accumulator):
         item, index = self.items[-1], len(self.items) - 1
         item["status"] = "completed"
         part = item["content"][0]
-        extra = {} if kind == "reasoning" else {"logprobs": []}
+        extra = {} if kind == "reasoning" else {"logprobs": part["logprobs"]}
         return (
             self.event(f"response.{_DELTA[kind]}.done", item_id=item["id"], output_index=index,
                        content_index=0, text=part["text"], **extra)

@@ -22,8 +22,9 @@ Either way the rendered prompt of turn N+1 must start with turn N's, so:
   templates expect), and each output is a ``role: "tool"`` message naming its call.
 
 - Codex's sub-agent items: an ``agent_message`` is a user message, its text after a
-  line naming its author and recipient; its ``encrypted_content`` parts (sealed for
-  OpenAI's servers, which kvroute cannot read) are dropped, as reasoning's are. A
+  line naming its author and recipient; its ``encrypted_content`` parts are the text a
+  kvroute model wrote (a sub-agent's task), or dropped when sealed for OpenAI's servers
+  (kvroute cannot read them), as reasoning's are. A
   ``local_shell_call`` is a call of ``local_shell``. ``compaction`` /
   ``compaction_summary`` (a sealed summary), ``ghost_snapshot`` and ``web_search_call``
   have nothing to render and are dropped, so the rest renders the same on every turn.
@@ -110,12 +111,26 @@ def to_chat(req: ResponsesRequest, history: Conversation, system_in_place: bool,
     messages = list(conv.messages)
     if req.instructions:
         messages.insert(0, {"role": "system", "content": strip_volatile(req.instructions)})
-    if req.text and req.text.format and (note := req.text.format.as_response_format()
-                                         .instruction()):
-        messages.insert(0, {"role": "system", "content": note})
     prompt = ChatPrompt(place_system(messages, system_in_place), catalog.listed or None,
                         options=options(None, req.reasoning.effort if req.reasoning else None))
     return prompt, conv, catalog
+
+
+def without_unrendered_reasoning(messages: list[dict[str, Any]], rendered: str
+                                 ) -> list[dict[str, Any]]:
+    """The conversation to store, less the past reasoning no continuation can render
+    (``rendered``: ``ChatTokenizer.past_reasoning``): with "none" all of it, with
+    "after_last_user" that of the turns before the last user message. Kept, it would be
+    stored and re-sent turn after turn but never tokenized, so never charged."""
+    if rendered == "all":
+        return messages
+    last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"),
+                    default=-1) if rendered == "after_last_user" else len(messages)
+    return [{k: v for k, v in m.items() if k not in _REASONING}
+            if i < last_user and _REASONING & m.keys() else m for i, m in enumerate(messages)]
+
+
+_REASONING = frozenset({"reasoning_content", "thinking"})
 
 
 def _append(conv: Conversation, catalog: ToolCatalog, item: Any, where: str,
@@ -231,5 +246,5 @@ def _text(content: str | list[Part], where: str) -> str:
             raise ApiError(400, f"{where}.{j}: {part.type} parts are not supported: kvroute "
                            "serves text-only models", "unsupported_content", f"{where}.{j}")
         texts.append(part.text if isinstance(part, TextPart) else
-                     part.refusal if isinstance(part, RefusalPart) else "")
+                     part.refusal if isinstance(part, RefusalPart) else part.text())
     return "".join(texts)

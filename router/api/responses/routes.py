@@ -14,7 +14,9 @@ nothing. ``max_output_tokens`` is cut to fit the context window like chat's
 ``max_tokens`` (``x-kvroute-max-tokens-cut``; a 400 when the input alone cannot fit).
 ``reasoning.effort`` goes to thinking templates and the model's reasoning comes back as
 ``reasoning`` items (``router.output.reasoning_parsers``); ``reasoning.summary``,
-``text.verbosity``, ``include`` and ``service_tier`` are accepted and have no effect. A
+``text.verbosity`` and ``service_tier`` are accepted and have no effect; ``include:
+["message.output_text.logprobs"]`` (with ``top_logprobs``) returns the output text's logprobs
+(``router.api.openai.logprobs``), other ``include`` values have no effect. A
 client that disconnects closes the generation, which aborts it on the worker.
 """
 
@@ -27,11 +29,15 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from router.api.common import request as rq
-from router.api.common.flow import SessionHint, Spec, Turn, serve
+from router.api.common import sampling as sp
+from router.api.common import structured as st
+from router.api.common.flow import Prepared, SessionHint, Spec, Turn, serve
 from router.api.common.reply import Reply
+from router.api.common.sampling import stop_tuple
+from router.api.openai.logprobs import LogprobTap, with_logprobs
 from router.api.responses.encode import Output, new_id, status, usage
-from router.api.responses.normalize import Conversation, to_chat
-from router.api.responses.schema import ResponsesRequest
+from router.api.responses.normalize import Conversation, to_chat, without_unrendered_reasoning
+from router.api.responses.schema import NamedTool, ResponsesRequest
 from router.api.responses.store import ResponseStore, StoredResponse
 from router.api.responses.tools import ToolCatalog
 from router.auth.keys import ApiKeyConfig
@@ -42,7 +48,7 @@ from router.output import reasoning_parsers as rp
 from router.output import tool_calls as tc
 from router.prompt.template import ChatPrompt
 from router.routing.target import Target
-from workers.protocol import SamplingParams
+from workers.protocol import Constraint, SamplingParams
 
 
 @dataclass(slots=True)
@@ -81,8 +87,10 @@ class ResponsesSpec(Spec[ResponsesRequest, Kept]):
     def output_limit(self, req: ResponsesRequest) -> int | None:
         return req.max_output_tokens
 
-    def sampling(self, req: ResponsesRequest, max_tokens: int) -> SamplingParams:
-        return rq.sampling(max_tokens, req.temperature, req.top_p, (), None)
+    def sampling(self, req: ResponsesRequest, max_tokens: int, target: Target) -> SamplingParams:
+        return with_logprobs(sp.params(target.tokenizer, max_tokens, req.temperature, req.top_p,
+                                       stop_tuple(req.stop), req.seed, controls=req),
+                             req.output_logprobs(), None)
 
     def session_hint(self, req: ResponsesRequest) -> SessionHint:
         return SessionHint(prompt_cache_key=req.prompt_cache_key)
@@ -90,9 +98,17 @@ class ResponsesSpec(Spec[ResponsesRequest, Kept]):
     def has_tools(self, req: ResponsesRequest) -> bool:
         return bool(req.tools)
 
-    def headers(self, turn: Turn[ResponsesRequest, Kept]) -> dict[str, str]:
-        fmt = turn.p.req.text.format if turn.p.req.text else None
-        return fmt.as_response_format().not_enforced() if fmt else {}
+    def constraint(self, p: Prepared[ResponsesRequest, Kept]) -> Constraint | None:
+        """``text.format`` and a forced ``tool_choice`` (``router.api.common.structured``)."""
+        req, forced = p.req, None
+        if req.tool_choice == "required" or isinstance(req.tool_choice, NamedTool):
+            name = req.tool_choice.name if isinstance(req.tool_choice, NamedTool) else None
+            forced = st.forced_tools(p.target, tc.schemas(p.prompt.tools if p.prompt else None),
+                                     name, req.parallel_tool_calls is not False, "tool_choice",
+                                     p.ids)
+        fmt = req.text.format if req.text else None
+        return st.one_of([("tool_choice", forced), ("text.format", fmt.as_response_format()
+                                                     .constraint() if fmt else None)])
 
     def streams(self, req: ResponsesRequest) -> bool:
         return req.stream
@@ -102,11 +118,15 @@ class ResponsesSpec(Spec[ResponsesRequest, Kept]):
         parser = None
         if kept.catalog.refs and p.req.tool_choice != "none":
             parser = tc.parser_for(p.target.model, p.prompt.tools if p.prompt else None)
+        gen = turn.gen
+        if p.req.output_logprobs() is not None:
+            gen = LogprobTap(turn.gen)  # type: ignore[assignment]
         out = Output(p.req, new_id("resp"), kept.catalog,
-                     single_call=p.req.parallel_tool_calls is False)
-        return ResponseReply(turn.gen, out, parser, self.reasoner(p),
+                     single_call=p.req.parallel_tool_calls is False,
+                     logprobs=gen if isinstance(gen, LogprobTap) else None)
+        return ResponseReply(gen, out, parser, self.reasoner(p),
                              self.store if p.req.store else None, kept.conversation,
-                             kept.owner)
+                             kept.owner, p.target.tokenizer.past_reasoning)
 
 
 async def create(core: RouterCore, store: ResponseStore, request: Request) -> Response:
@@ -133,10 +153,11 @@ class ResponseReply(Reply):
 
     def __init__(self, gen: Generation, out: Output, parser: tc.ToolParser | None,
                  reasoner: rp.ReasoningParser | None, store: ResponseStore | None,
-                 conversation: Conversation, owner: str | None = None) -> None:
+                 conversation: Conversation, owner: str | None = None,
+                 past_reasoning: str = "all") -> None:
         super().__init__(gen, out, parser, reasoner, out.id)
         self.out, self.store, self.conversation = out, store, conversation
-        self.owner = owner
+        self.owner, self.past_reasoning = owner, past_reasoning
 
     def start(self) -> bytes:
         return self.out.start()
@@ -152,10 +173,13 @@ class ResponseReply(Reply):
         return self.out.response(status(final), usage(final, self.gen.prompt_tokens))
 
     async def done(self) -> None:
-        """Keep the conversation for ``previous_response_id`` (``store``, OpenAI's default)."""
+        """Keep the conversation for ``previous_response_id`` (``store``, OpenAI's default),
+        less the past reasoning the template will never render (``past_reasoning``): what
+        is stored is rendered, so tokenized and charged, by the turn that continues it."""
         if self.store is None:
             return
         conv, tail = self.conversation, self.out.conversation_tail()
-        messages = [*conv.messages, *([tail] if tail else [])]
+        messages = without_unrendered_reasoning([*conv.messages, *([tail] if tail else [])],
+                                                self.past_reasoning)
         await self.store.put(self.out.id, StoredResponse(self.out.req.model, messages,
                                                          conv.listed, conv.loaded, self.owner))

@@ -11,6 +11,7 @@ parse so the error can say why they are refused (text-only models,
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
@@ -20,9 +21,11 @@ from pydantic import (
     Field,
     Tag,
     ValidationError,
+    field_validator,
     model_validator,
 )
 
+from router.api.common.fields import Checked
 from router.api.common.limits import (
     MAX_BLOCKS,
     MAX_DESCRIPTION_CHARS,
@@ -31,7 +34,8 @@ from router.api.common.limits import (
     MAX_TEXT_CHARS,
     MAX_TOOLS,
 )
-from router.api.openai.schema import JsonSchemaFormat, ResponseFormat
+from router.api.common.sampling import EngineControls, check_stops
+from router.api.openai.schema import INT64_MAX, INT64_MIN, JsonSchemaFormat, ResponseFormat
 from router.errors import ApiError
 
 
@@ -113,12 +117,22 @@ class FilePart(_Lenient):
     type: Literal["input_file", "input_audio"]
 
 
+_SEALED = re.compile(r"gAAAA[A-Za-z0-9_=-]*")  # a Fernet token: content OpenAI sealed
+
+
 class EncryptedPart(_Lenient):
-    """Content sealed for OpenAI's servers (Codex's sub-agent messages carry one): kvroute
-    cannot read it, so it is dropped, as a reasoning item's ``encrypted_content`` is."""
+    """What the model wrote for a tool argument Codex marks ``encrypted`` (the
+    ``message`` of ``collaboration.spawn_agent``: a sub-agent's task), passed on verbatim
+    in an ``agent_message``. OpenAI's models write it sealed (a Fernet token, which kvroute
+    cannot read: dropped, as a reasoning item's ``encrypted_content`` is); kvroute's models
+    write plain text, which is the message's own text."""
 
     type: Literal["encrypted_content"]
     encrypted_content: str | None = Field(None, max_length=MAX_TEXT_CHARS)
+
+    def text(self) -> str:
+        found = self.encrypted_content or ""
+        return "" if _SEALED.fullmatch(found) else found
 
 
 Part = Annotated[TextPart | RefusalPart | ImagePart | FilePart | EncryptedPart,
@@ -320,7 +334,8 @@ def _functions(tools: Any, where: str, left: int) -> int:
     return n
 
 
-class ResponsesRequest(_Lenient):
+class ResponsesRequest(EngineControls, Checked):
+    field_api = "responses"
     model: str = Field(min_length=1)
     input: (Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
             | Annotated[list[InputItem], Field(max_length=MAX_MESSAGES)]) = Field(
@@ -340,6 +355,22 @@ class ResponsesRequest(_Lenient):
     store: bool = True
     previous_response_id: str | None = Field(None, min_length=1, max_length=256)
     stream: bool = False
+    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)  # vLLM's Responses extras
+    stop: str | list[str] | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v: str | list[str] | None) -> str | list[str] | None:
+        return check_stops(v)
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    include: list[str] | None = Field(None, max_length=16)
+
+    def output_logprobs(self) -> int | None:
+        """The top logprobs per output token when ``include`` asks for the output text's
+        logprobs (vLLM's rule: ``top_logprobs`` alone returns none), else None."""
+        if self.include and "message.output_text.logprobs" in self.include:
+            return self.top_logprobs or 0
+        return None
 
     @model_validator(mode="before")
     @classmethod

@@ -38,6 +38,7 @@ import logging
 import time
 import zlib
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,8 +97,9 @@ def _twice(message: dict[str, Any]) -> dict[str, Any]:
 
 class ResponseStore:
     def __init__(self, client: aioredis.Redis | None, namespace: str, ttl_s: float,
-                 max_entry_bytes: int, memory_bytes: int, key_bytes: int | None = None) -> None:
-        self.client, self.ttl_s = client, ttl_s
+                 max_entry_bytes: int, memory_bytes: int, key_bytes: int | None = None,
+                 on_share: Callable[[str, int, int, int], None] | None = None) -> None:
+        self.client, self.ttl_s, self.on_share = client, ttl_s, on_share
         self.max_entry_bytes, self.memory_bytes = max_entry_bytes, memory_bytes
         self.key_bytes = memory_bytes // 4 if key_bytes is None else key_bytes
         self._prefix = "{" + namespace + "}:resp:"
@@ -107,12 +109,16 @@ class ResponseStore:
 
     @classmethod
     def from_url(cls, redis_url: str | None, namespace: str, ttl_s: float,
-                 max_entry_bytes: int, memory_bytes: int) -> ResponseStore:
+                 max_entry_bytes: int, memory_bytes: int,
+                 on_share: Callable[[str, int, int, int], None] | None = None
+                 ) -> ResponseStore:
+        """``on_share``: each owner's counted bytes in Redis, what it wrote and what it was
+        refused (``router.telemetry.redis_share``)."""
         client = None
         if redis_url:  # a stored conversation can be MiBs: a timeout for that, not 50 ms
             client = async_client(redis_url, socket_timeout=1.0, socket_connect_timeout=1.0,
                                   retry=Retry(NoBackoff(), 0), health_check_interval=0)
-        return cls(client, namespace, ttl_s, max_entry_bytes, memory_bytes)
+        return cls(client, namespace, ttl_s, max_entry_bytes, memory_bytes, on_share=on_share)
 
     async def put(self, rid: str, stored: StoredResponse) -> bool:
         """Keep ``stored`` under ``rid``; False if it is over a bound (not kept)."""
@@ -143,7 +149,9 @@ class ResponseStore:
             pipe.pexpire(key, ttl)
         mine, _, total, _ = await pipe.execute()
         if int(mine) <= self.key_bytes and int(total) <= self.memory_bytes:
+            self._report(owner, int(mine), size, 0)
             return True
+        self._report(owner, int(mine) - size, 0, size)
         pipe = self.client.pipeline(transaction=False)
         for key in keys:
             pipe.decrby(key, size)
@@ -151,6 +159,10 @@ class ResponseStore:
         log.warning("response store: Redis bound reached (owner %d / %d, all %d / %d bytes)",
                     int(mine), self.key_bytes, int(total), self.memory_bytes)
         return False
+
+    def _report(self, owner: str, share: int, written: int, refused: int) -> None:
+        if self.on_share is not None and owner:
+            self.on_share(owner, share, written, refused)
 
     async def get(self, rid: str, owner: str | None = None) -> StoredResponse | None:
         """The entry ``owner`` stored under ``rid``; None if unknown, expired or another's."""

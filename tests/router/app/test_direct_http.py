@@ -100,7 +100,8 @@ async def test_completions_token_ids_not_streamed(tiny_model_dir: Path) -> None:
                              "prompt_tokens_details": {"cached_tokens": 3}}
     sent = engine.requests[0]
     assert sent.token_ids == [5, 6, 7, 8]
-    assert sent.sampling == SamplingParams(max_tokens=7, temperature=0.0, top_p=1.0,
+    # unset temperature: the model's default (the tiny model's generation_config has none: 1.0)
+    assert sent.sampling == SamplingParams(max_tokens=7, temperature=1.0, top_p=1.0,
                                            stop=("x",), seed=3)
     assert engine.closed == 1
 
@@ -119,7 +120,7 @@ async def test_completions_string_prompt_streamed_with_usage(tiny_model_dir: Pat
     assert events[3]["usage"]["prompt_tokens_details"]["cached_tokens"] == 3
     assert events[-1] == "[DONE]"
     assert engine.requests[0].token_ids == tok.encode("The morning train")
-    assert engine.requests[0].sampling.max_tokens == 1024  # no limit given
+    assert engine.requests[0].sampling.max_tokens == 16  # no limit given: OpenAI's and vLLM's
 
 
 async def test_completions_stream_the_engines_token_ids_when_asked(tiny_model_dir: Path
@@ -174,6 +175,12 @@ async def test_chat_tool_calls_are_parsed(tiny_model_dir: Path) -> None:
     ("/v1/completions", {"model": MODEL, "prompt": [1, 99999]}, 400, "invalid_token_ids"),
     ("/v1/completions", {"model": MODEL, "prompt": []}, 400, "empty_prompt"),
     ("/v1/chat/completions", {"model": MODEL, "messages": []}, 400, "invalid_request"),
+    # the router fans out n and batched prompts; a replica's own endpoint serves one
+    ("/v1/completions", {"model": MODEL, "prompt": [[1], [2]]}, 400, "invalid_request"),
+    ("/v1/completions", {"model": MODEL, "prompt": "hi", "n": 2}, 400, "invalid_request"),
+    ("/v1/chat/completions", {"model": MODEL, "n": 2,
+                              "messages": [{"role": "user", "content": "hi"}]}, 400,
+     "invalid_request"),
 ])
 async def test_bad_requests_get_openai_errors(tiny_model_dir: Path, path: str, body: Any,
                                               status: int, code: str) -> None:

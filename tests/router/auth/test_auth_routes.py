@@ -39,9 +39,9 @@ OPEN = {("GET", "/health"), ("HEAD", "/health"), ("GET", "/metrics"), ("GET", "/
 class LimitedCore(FakeCore):
     """FakeCore with keys, admitting through ``RouterCore.generate`` itself."""
 
-    def __init__(self, model_dir: Path, rpm: int | None = None, tpm: int | None = None
-                 ) -> None:
-        super().__init__(model_dir)
+    def __init__(self, model_dir: Path, rpm: int | None = None, tpm: int | None = None,
+                 context_window: int = 4096) -> None:
+        super().__init__(model_dir, context_window=context_window)
         self.auth = Authenticator([ApiKeyConfig(name="t", key_sha256=hash_key(KEY),
                                                 requests_per_min=rpm, tokens_per_min=tpm)])
         self.limiter = RateLimiter(None)

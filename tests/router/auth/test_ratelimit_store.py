@@ -36,7 +36,9 @@ async def core_with(tiny_model_dir: Path, index_url: str,
                     store: RateLimitStoreConfig) -> AsyncIterator[RouterCore]:
     ns = f"t{uuid.uuid4().hex[:8]}"
     cfg = KvrouteConfig(models=[sim_model("m", tiny_model_dir)],
-                        index=IndexConfig(redis_url=index_url, namespace=ns),
+                        # a generous Redis timeout: these tests check where the limits live,
+                        # not how fast; 50 ms calls time out on a loaded machine
+                        index=IndexConfig(redis_url=index_url, namespace=ns, timeout_s=2.0),
                         auth=AuthConfig(api_keys=[KEY], rate_limit_store=store))
     core = RouterCore(cfg, {})
     try:

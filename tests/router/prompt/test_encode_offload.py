@@ -14,11 +14,19 @@ from typing import Any
 
 import pytest
 
+from deploy.config import ModelConfig
 from router.api.common.request import encode_prompt
 from router.errors import ApiError
 from router.prompt.cache import PromptCacheConfig
 from router.prompt.template import ChatPrompt
 from router.prompt.tokenizer import ChatTokenizer
+from router.routing.target import Target
+
+
+def _target(tok: ChatTokenizer) -> Target:
+    """``tok`` as a request's resolved model (a 4,096-token window, no tenant)."""
+    return Target("tiny", {"tiny": 1.0}, ModelConfig(name="tiny", model_path="."), tok, 4096,
+                  256)
 
 
 def _gated(tok: ChatTokenizer, gate: threading.Event, seen: list[bool],
@@ -38,7 +46,7 @@ async def _encode_while_loop_sets(tok: ChatTokenizer, gate: threading.Event,
         await asyncio.sleep(0)
         gate.set()
 
-    ids, _ = await asyncio.gather(encode_prompt(tok, prompt), opener())
+    ids, _ = await asyncio.gather(encode_prompt(_target(tok), prompt), opener())
     return ids
 
 
@@ -66,12 +74,12 @@ def test_template_errors_stay_400(tiny_model_dir: Path) -> None:
     tok = ChatTokenizer(str(tiny_model_dir), PromptCacheConfig())
     prompt = ChatPrompt([{"role": "user", "content": {"not": "text"}}])
     with pytest.raises(ApiError) as err:
-        asyncio.run(encode_prompt(tok, prompt))
+        asyncio.run(encode_prompt(_target(tok), prompt))
     assert err.value.status == 400
 
 
 def test_prefill_is_appended_after_the_template(tiny_model_dir: Path) -> None:
     tok = ChatTokenizer(str(tiny_model_dir), PromptCacheConfig())
     msgs = [{"role": "user", "content": "hi"}]
-    ids = asyncio.run(encode_prompt(tok, ChatPrompt(msgs, None, "Sure:")))
+    ids = asyncio.run(encode_prompt(_target(tok), ChatPrompt(msgs, None, "Sure:")))
     assert ids == tok.encode_full(tok.render(msgs) + "Sure:")

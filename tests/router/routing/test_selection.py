@@ -70,3 +70,13 @@ def test_groups_resolve_and_validate() -> None:
                 [{"name": "g", "models": [{"model": "big", "weight": 0}]}]):
         with pytest.raises(ValidationError):
             KvrouteConfig.model_validate({**BASE, "groups": bad})
+
+
+def test_a_pinned_pair_goes_first_and_the_rest_keep_their_rank() -> None:
+    from router.routing.context import Candidate
+    from router.routing.selection import pinned
+
+    ranked = [Candidate("a", "r1"), Candidate("a", "r2"), Candidate("b", "r3")]
+    assert pinned(ranked, None) is ranked
+    assert [c.replica for c in pinned(ranked, ("b", "r3"))] == ["r3", "r1", "r2"]
+    assert [c.replica for c in pinned(ranked, ("a", "gone"))] == ["r1", "r2", "r3"]

@@ -30,6 +30,7 @@ from router.api.anthropic import routes as anthropic_routes
 from router.api.openai import routes as openai_routes
 from router.api.responses import routes as responses_routes
 from router.api.responses.store import ResponseStore
+from router.auth.bodies import BodyWaits
 from router.auth.keys import ApiKeyConfig, Authenticator
 from router.errors import ApiError, error_response
 from router.prompt.tokenizer import ChatTokenizer
@@ -92,6 +93,7 @@ class FakeCore:
         self.gens: list[FakeGeneration] = []
         self.auth = Authenticator([])  # open, like a config without keys
         self.server = self.config.server
+        self.body_waits = BodyWaits(self.server.max_body_waits_per_key)
         self.targets = Targets(self.config, {"tiny": self.tok})
         self.predicted_header = True  # RouterCore's: x-kvroute-predicted-cached-tokens
         self.store = ResponseStore(None, "kvroute", ttl_s=60.0, max_entry_bytes=1 << 20,
@@ -101,9 +103,10 @@ class FakeCore:
     async def admit(self, headers: Mapping[str, str]) -> ApiKeyConfig | None:
         return self.auth.authenticate(headers)  # no key has a requests/min limit here
 
-    def target(self, model: str) -> Target:
+    def target(self, model: str, key: ApiKeyConfig | None = None) -> Target:
         self.resolved.append(model)
-        return self.targets.resolve(model)
+        return self.targets.resolve(model, key.name if getattr(self, "isolation", False)
+                                    and key else None)
 
     async def generate(self, target: Target, token_ids: list[int], sampling: SamplingParams,
                        request_id: str, headers: Mapping[str, str] | None = None,
@@ -342,8 +345,7 @@ BAD: list[tuple[bytes | dict[str, Any], int, str]] = [
     ({"model": "tiny", "max_tokens": 5, "tools": [{"type": "web_search_20250305",
                                                    "name": "web_search"}],
       "messages": [{"role": "user", "content": "x"}]}, 400, "invalid_request_error"),
-    ({"model": "tiny", "max_tokens": 5, "output_config": {"format": {
-        "type": "json_schema", "schema": {"type": "object"}}},
+    ({"model": "tiny", "max_tokens": 5, "output_config": {"format": {"type": "json"}},
       "messages": [{"role": "user", "content": "x"}]}, 400, "invalid_request_error"),
     ({"model": "claude-sonnet-4-5", "max_tokens": 5,
       "messages": [{"role": "user", "content": "x"}]}, 404, "not_found_error"),

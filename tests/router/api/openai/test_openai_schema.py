@@ -6,8 +6,6 @@ from typing import Any
 
 from router.api.openai.schema import ChatCompletionRequest
 
-JSON_NOTE = "Respond with a single valid JSON object and nothing else."
-
 
 def _req(*messages: dict[str, Any], **fields: Any) -> ChatCompletionRequest:
     return ChatCompletionRequest.model_validate({"model": "m", "messages": list(messages),
@@ -31,11 +29,11 @@ def test_tool_calls_carry_arguments_as_mappings() -> None:
     assert out[2] == {"role": "tool", "content": "done", "tool_call_id": "c1"}
 
 
-def test_response_format_note_ends_the_system_prompt_or_becomes_one() -> None:
-    fmt = {"type": "json_object"}
-    with_system = _req({"role": "system", "content": "S"}, {"role": "user", "content": "u"},
-                       response_format=fmt)
-    assert with_system.template_messages()[0] == {"role": "system",
-                                                  "content": f"S\n\n{JSON_NOTE}"}
-    without = _req({"role": "user", "content": "u"}, response_format=fmt)
-    assert without.template_messages()[0] == {"role": "system", "content": JSON_NOTE}
+def test_response_format_leaves_the_messages_as_written() -> None:
+    """Decoding enforces the format (``ResponseFormat.constraint``): no instruction is
+    added, so the prompt and its cached prefix are the same with or without it."""
+    msgs = ({"role": "system", "content": "S"}, {"role": "user", "content": "u"})
+    for fmt in ({"type": "json_object"}, {"type": "json_schema", "json_schema": {
+            "name": "A", "schema": {"type": "object"}, "strict": True}}):
+        assert _req(*msgs, response_format=fmt).template_messages() == \
+            _req(*msgs).template_messages()

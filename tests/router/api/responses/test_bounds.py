@@ -8,6 +8,7 @@ responses belong to the key that stored them.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 
 from router.api.common.limits import MAX_TOOLS
-from router.api.responses.store import ResponseStore
+from router.api.responses.store import ResponseStore, StoredResponse
 from router.auth.keys import ApiKeyConfig, Authenticator, hash_key
 from tests.router.api.anthropic.test_anthropic_api import FakeCore, make_client
 from tests.router.api.anthropic.test_expansion_bounds import _no_rendering
@@ -82,21 +83,20 @@ def test_a_stored_conversation_past_a_body_is_a_413_before_rendering(
     core = FakeCore(tiny_model_dir)  # a body may carry 4096 x 32 + 1 MiB = 1,179,648 B
     core.store = ResponseStore(None, "kvroute", ttl_s=60.0, max_entry_bytes=8 << 20,
                                memory_bytes=64 << 20)
-    text = {"type": "reasoning_text", "text": "a" * 700_000}  # never rendered: it fits
-    turn = [{"type": "reasoning", "content": [text]}, {"role": "assistant", "content": "ok"},
-            {"role": "user", "content": "hi"}]
-    prev = None
-    for _ in range(2):  # 1.4 MB stored
-        r = _post(core, {"input": turn, "max_output_tokens": 1, "previous_response_id": prev})
-        assert r.status_code == 200, r.text
-        prev = r.json()["id"]
+    # Past reasoning no template renders is no longer stored (test_unrendered_reasoning.py),
+    # so this entry, 1.4 MB of a conversation's past reasoning, is put in the store as an
+    # older version (or a template that renders it, with an output that long) left it.
+    turn = {"role": "assistant", "content": "ok", "reasoning_content": "a" * 1_400_000}
+    stored = StoredResponse("tiny", [{"role": "user", "content": "hi"}, turn], [], [])
+    prev = "resp_stored"
+    assert asyncio.run(core.store.put(prev, stored))
     _no_rendering(core, monkeypatch)
     t0 = time.perf_counter()
     r = _post(core, {"input": "hi", "previous_response_id": prev, "store": False})
     assert time.perf_counter() - t0 < 1.0
     assert r.status_code == 413, r.text
     assert r.json()["error"]["param"] == "previous_response_id"
-    assert len(core.calls) == 2
+    assert not core.calls
 
 
 def test_error_messages_clip_the_model_name(tiny_model_dir: Path) -> None:

@@ -1,7 +1,8 @@
 """The items Codex sends in sub-agent, review and compaction flows are accepted.
 
 An ``agent_message`` (``collaboration.spawn_agent``'s task to a child) renders as a user
-message naming its author and recipient, its sealed ``encrypted_content`` parts left out;
+message naming its author and recipient, its sealed ``encrypted_content`` parts left out
+and its plain ones (the task as a kvroute model wrote it) kept;
 items with nothing to render (``compaction``, ``compaction_summary``, ``ghost_snapshot``,
 ``web_search_call``) are dropped; a ``local_shell_call`` is a call its output can answer.
 Each renders the same on the next turn, so the prompt's prefix holds.
@@ -37,6 +38,20 @@ def test_agent_message_renders_its_text_and_drops_the_sealed_part(tiny_model_dir
     prompt = _turn(core, [AGENT_MESSAGE])
     assert "Message from /root to /root/worker:\nCount the files in src/." in prompt
     assert "gAAAA" not in prompt
+
+
+def test_agent_message_keeps_a_task_the_model_wrote_in_plain_text(tiny_model_dir: Path
+                                                                   ) -> None:
+    core = FakeCore(tiny_model_dir)  # as Codex 0.169 sends a child its spawn_agent message
+    header = "Message Type: NEW_TASK\nTask name: /root/worker\nSender: /root\nPayload:\n"
+    task = {**AGENT_MESSAGE, "content": [
+        {"type": "input_text", "text": header},
+        {"type": "encrypted_content", "encrypted_content": "Count the files in src/."}]}
+    assert f"{header}Count the files in src/." in _turn(core, [task])
+    sealed = {**AGENT_MESSAGE, "content": [
+        {"type": "input_text", "text": header},
+        {"type": "encrypted_content", "encrypted_content": "gAAAAABpq3Rk_x-Yz09=="}]}
+    assert "gAAAA" not in _turn(core, [sealed])
 
 
 def test_codex_items_keep_the_prefix_stable(tiny_model_dir: Path) -> None:

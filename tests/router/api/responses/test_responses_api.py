@@ -24,6 +24,7 @@ from tests.router.api.anthropic.test_anthropic_api import (
     _request,
     make_client,
 )
+from workers.protocol import Constraint
 
 READ_TOOL = {"type": "function", "name": "Read", "description": "Read a file",
              "parameters": {"type": "object", "properties": {"file_path": {"type": "string"}}}}
@@ -225,10 +226,13 @@ def test_session_key_from_prompt_cache_key_and_codex_header(tiny_model_dir: Path
     assert core.calls[-1]["session_id"] == "sess-9"  # the CLI's session header first
 
 
-def test_text_format_json_schema_becomes_an_instruction(tiny_model_dir: Path) -> None:
+def test_text_format_json_schema_becomes_a_constraint(tiny_model_dir: Path) -> None:
     core = FakeCore(tiny_model_dir)
-    fmt = {"type": "json_schema", "name": "answer", "schema": {"type": "object"}}
+    fmt = {"type": "json_schema", "name": "answer", "schema": {"type": "object",
+                                                               "required": ["a"]}}
     _post(core, {"input": "x", "text": {"format": fmt}})
-    assert "conforming to this JSON schema (answer)" in core.prompt_text()
+    assert "answer" not in core.prompt_text()  # nothing added to the prompt
+    assert core.calls[-1]["sampling"].constraint == Constraint(
+        "json", '{"type": "object", "required": ["a"]}')
     strict = _post(core, {"input": "x", "text": {"format": {**fmt, "strict": True}}})
-    assert strict.status_code == 200  # served, with a header saying it was not enforced
+    assert strict.status_code == 200 and core.calls[-1]["sampling"].constraint.kind == "json"

@@ -133,3 +133,17 @@ def test_redis_keeps_the_owner_bound_too() -> None:
     stored = [k for k in redis.data if k.endswith(tuple(f"a{i}" for i in range(10)))]
     assert 1 <= len(stored) < 10
     assert redis.counts["{kvroute}:resp:bytes:alice"] <= 100_000
+
+
+def test_each_owners_share_of_redis_is_reported() -> None:
+    """What ``kvroute_key_redis_*{store="responses"}`` shows: the owner's counted bytes,
+    what it wrote, and what its bound refused."""
+    seen: list[tuple[str, int, int, int]] = []
+    store = ResponseStore(_Redis(), "kvroute", 60.0, 1 << 20, 400_000,  # type: ignore[arg-type]
+                          key_bytes=100_000, on_share=lambda *a: seen.append(a))
+    for i in range(10):
+        asyncio.run(store.put(f"a{i}", _entry(_incompressible(10_000), "alice")))
+    written = [s for s in seen if s[2]]
+    refused = [s for s in seen if s[3]]
+    assert written and refused and all(s[0] == "alice" for s in seen)
+    assert max(s[1] for s in seen) <= 100_000
