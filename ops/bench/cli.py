@@ -16,8 +16,12 @@ the same as ``kvroute bench ARGS``). Options of a bench go after its name.
     kvroute bench prewarm --duration 100 --window 60 --rounds 1
     kvroute bench kv-disk --tokens 4096
     kvroute bench failover --redis sentinel --concurrency 16 --duration 90 --out f.json
+    kvroute bench node-loss --concurrency 8 --duration 60 --out node-loss.json
+    kvroute bench overhead --engine mlx --replicas 1 --out overhead.json
+    kvroute bench calibrate --engine mlx --out calibrate.json
     kvroute bench micro index-cost 940 2400      (also pacing-cost, stream-cost,
-                                                 client-guard-cost)
+                                                 client-guard-cost, grammar-cost,
+                                                 logprobs-cost)
     kvroute bench peers                          (installs the peer routers: make peers)
 
 Each bench module has ``add_arguments(parser)`` and ``run(args) -> int``; this file only
@@ -59,6 +63,12 @@ BENCHES = (
           "a new replica's first minute with and without pre-warm"),
     Bench("kv-disk", "ops.bench.kv_disk", "mlx disk-tier reload vs re-prefill"),
     Bench("failover", "ops.bench.failover", "Redis primary killed under load (Sentinel)"),
+    Bench("node-loss", "ops.bench.node_loss",
+          "a node (router and worker replicas) lost and regained under load"),
+    Bench("overhead", "ops.bench.overhead.command",
+          "kvroute + engine against the engine's own server (mlx_lm.server, vllm serve)"),
+    Bench("calibrate", "ops.bench.calibrate.command",
+          "the sim emulator fitted to a real engine's curves, and its remaining error"),
     Bench("peers", "ops.bench.compare.peers", "install the peer routers' venvs"),
 )
 MICRO = (
@@ -68,6 +78,10 @@ MICRO = (
     Bench("stream-cost", "ops.bench.micro.stream_cost", "router CPU per streamed token"),
     Bench("client-guard-cost", "ops.bench.micro.client_guard_cost",
           "the client guard middleware's cost per request"),
+    Bench("grammar-cost", "ops.bench.micro.grammar_cost",
+          "constrained decoding: grammar libraries' compile and mask cost, mlx decode"),
+    Bench("logprobs-cost", "ops.bench.micro.logprobs_cost",
+          "mlx decode tokens/s without logprobs and with top_logprobs 0, 5, 20"),
 )
 
 

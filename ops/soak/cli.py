@@ -14,7 +14,8 @@ when the slope minus two standard errors is over it, so noise cannot fail a shor
 run and a leak does. Bounds and their reasons: docs/reliability.md. Exit code 1 on
 errors over ``--max-error-rate`` (default 0: any), growth over a bound, or no
 request done. Ctrl-C stops early and still reports; ``--out`` writes the JSON.
-Also ``python -m deploy.cli soak``.
+Also ``python -m deploy.cli soak``. ``--stack``: the long soak on its own fleet, with faults
+on a schedule (``ops.soak.faults``); ``--workload agent``: the bench's agent sessions.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any
 
 import httpx
 
+from . import faults
 from .probes import (
     growth_per_hour,
     per_process_growth,
@@ -42,11 +44,14 @@ from .workload import Stats, Workload, one_request
 
 
 async def take_sample(t0: float, stats: Stats, opts: argparse.Namespace, redis: Any) -> dict:
-    procs = sample_processes(opts.pid_list, opts.port)  # a few ms: no thread needed
+    pids = [*opts.pid_list, *(opts.fleet.extra_pids() if opts.fleet else [])]
+    procs = sample_processes(pids, opts.port)  # a few ms: no thread needed
     sample = {"t_s": round(time.monotonic() - t0, 2), **procs, **await sample_redis(redis),
               "requests": sum(stats.requests.values()), "errors": sum(stats.errors.values()),
               "p50_ms": percentile_ms(stats.window, 50), "p99_ms": percentile_ms(stats.window, 99),
-              "ttft_p50_ms": percentile_ms(stats.ttft, 50)}
+              **{f"ttft_p{q}_ms": percentile_ms(stats.ttft, q) for q in (50, 90, 99)}}
+    if opts.outcomes is not None:
+        sample.update(lost=opts.outcomes.lost, in_flight=opts.outcomes.in_flight)
     stats.window.clear()
     stats.ttft.clear()
     return sample
@@ -139,6 +144,7 @@ async def run(opts: argparse.Namespace) -> dict[str, Any]:
                                  headers=headers) as client:
         if not opts.model:
             opts.model = (await client.get("/v1/models")).json()["data"][0]["id"]
+        opts.models = opts.models or [opts.model]
         work, stats = Workload(opts.model, opts.max_tokens, opts.seed), Stats()
         samples: list[dict] = []
         stop = asyncio.Event()
@@ -150,10 +156,16 @@ async def run(opts: argparse.Namespace) -> dict[str, Any]:
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(signal.SIGINT, stop.set)  # Ctrl-C: stop and report
         loop.call_later(opts.duration, stop.set)
-        tasks = [asyncio.create_task(_worker(client, work, stats, stop))
-                 for _ in range(opts.concurrency)]
-        await _sampler(t0, stats, opts, redis, samples, stop)
-        await asyncio.gather(*tasks)  # in-flight requests finish (bounded by --timeout)
+        async with contextlib.AsyncExitStack() as stack:
+            if opts.workload == "agent":
+                tasks = await faults.agent_tasks(opts, stack, stats, stop)
+            else:
+                tasks = [asyncio.create_task(_worker(client, work, stats, stop))
+                         for _ in range(opts.concurrency)]
+            if opts.fleet is not None:
+                tasks.append(asyncio.create_task(faults.schedule(opts, t0, stop)))
+            await _sampler(t0, stats, opts, redis, samples, stop)
+            await asyncio.gather(*tasks)  # in-flight requests finish (bounded by --timeout)
         samples.append(await take_sample(t0, stats, opts, redis))
         if redis is not None:
             await redis.aclose()
@@ -170,6 +182,20 @@ def duration(text: str) -> float:
 
 
 def cmd_soak(args: argparse.Namespace) -> int:
+    args.fleet = args.outcomes = args.models = None
+    if args.interval is None:  # a long run with faults samples every 5 minutes
+        args.interval = 300.0 if args.stack else 5.0
+    if args.timeout is None:  # a long run's mlx calls on a loaded machine: see reliability.md
+        args.timeout = 300.0 if args.stack else 60.0
+    if args.stack:
+        with faults.stack(args):
+            report = faults.long_report(asyncio.run(run(args)), args, verdicts)
+        faults.finish(report, args)
+        print_summary(report)
+        faults.print_long(report)
+        return 0 if report["passed"] else 1
+    if args.max_error_rate is None:
+        args.max_error_rate = 0.0
     args.pid_list = [int(p) for p in args.pids.split(",") if p] if args.pids else []
     url = httpx.URL(args.url)
     local = url.host in ("127.0.0.1", "localhost", "::1", "0.0.0.0")
@@ -194,15 +220,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="sample this Redis' INFO memory (default: KVROUTE_REDIS_URL)")
     p.add_argument("--pids", help="comma-separated pids to sample (default: the local Ray "
                    "cluster serving --url)")
-    p.add_argument("--interval", type=duration, default=5.0, help="seconds between samples")
+    p.add_argument("--interval", type=duration, default=None,
+                   help="seconds between samples (default 5; with --stack 5m)")
     p.add_argument("--fit-from", type=float, default=0.5,
                    help="fit growth after this fraction of the run (warm-up before)")
     p.add_argument("--out", help="write the JSON report here")
     p.add_argument("--max-rss-growth-mb-per-h", type=float, default=64.0)
     p.add_argument("--max-fd-growth-per-h", type=float, default=20.0)
     p.add_argument("--max-redis-growth-mb-per-h", type=float, default=None)
-    p.add_argument("--max-error-rate", type=float, default=0.0, help="0: any error fails")
-    p.add_argument("--timeout", type=float, default=60.0, help="per-request timeout (s)")
+    p.add_argument("--max-error-rate", type=float, default=None,
+                   help="0 (the default; --stack: 0.01): any error fails")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="per-request timeout, s (default 60; with --stack 300)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--api-key", help="when the server has API keys")
+    faults.add_arguments(p, duration)
     p.set_defaults(func=cmd_soak)

@@ -59,11 +59,12 @@ def _label(cmdline: list[str]) -> str:
 
 
 def sample_processes(pids: list[int], port: int | None) -> dict[str, Any]:
-    """Summed RSS (MB) and fds, and per-process RSS, of ``pids`` or of the cluster on ``port``."""
+    """Summed RSS (MB) and fds, and per-process RSS and fds, of the cluster on ``port`` (if
+    given) and ``pids``."""
     ps = _psutil()
-    found = pids or (find_ray_processes(port) if port else [])
-    rss, fds, per = 0.0, 0, {}
-    for pid in found:
+    found = [*(find_ray_processes(port) if port else []), *pids]
+    rss, fds, per, per_fds = 0.0, 0, {}, {}
+    for pid in dict.fromkeys(found):
         try:
             p = ps.Process(pid)
             mb, n, name = p.memory_info().rss / 2**20, p.num_fds(), _label(p.cmdline()) or p.name()
@@ -71,15 +72,23 @@ def sample_processes(pids: list[int], port: int | None) -> dict[str, Any]:
             continue
         rss, fds = rss + mb, fds + n
         per[f"{pid} {name}"] = round(mb, 2)
-    return {"rss_mb": round(rss, 2), "fds": fds, "procs": len(per), "per_process": per}
+        per_fds[f"{pid} {name}"] = n
+    return {"rss_mb": round(rss, 2), "fds": fds, "procs": len(per), "per_process": per,
+            "per_process_fds": per_fds}
 
 
-async def sample_redis(client: Any) -> dict[str, Any]:
+async def sample_redis(client: Any, namespace: str = "kvroute") -> dict[str, Any]:
+    """Redis ``used_memory``, its key count and the prefix index's size (block holdings:
+    the fields of its per-replica hashes, ``{ns}:r:*``)."""
     if client is None:
         return {}
     try:
         used = (await client.info("memory"))["used_memory"]
-        return {"redis_mb": round(used / 2**20, 3), "redis_keys": await client.dbsize()}
+        blocks = 0
+        async for key in client.scan_iter(match="{" + namespace + "}:r:*", count=500):
+            blocks += await client.hlen(key)
+        return {"redis_mb": round(used / 2**20, 3), "redis_keys": await client.dbsize(),
+                "index_blocks": blocks}
     except Exception as e:  # a Redis outage is reported, not fatal to the soak
         return {"redis_error": str(e)[:200]}
 

@@ -208,6 +208,7 @@ async def run_one(name: str, target: str, spec: CompareSpec, show: bool,
         "target": target, "salt": name, "engine": spec.engine, "load": asdict(spec.load),
         **({"sim": dict(spec.sim)} if spec.engine == "sim" else {}),
         **({"ingress": spec.ingress} if name == "kvroute" else {}),
+        "stream_interval_ms": spec.stream_interval_ms,  # None: the model's default
     }
     if spec.trace is None:
         driver = agent_driver(AgentWorkload(spec.agent, salt=name), spec.load)

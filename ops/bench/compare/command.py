@@ -46,6 +46,9 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument("--ingress", choices=("auto", "proxy", "direct"), default="auto",
                    help="kvroute's server.ingress: through Serve's proxy, or each router "
                    "replica listening itself (auto, the default, is direct here)")
+    c.add_argument("--stream-interval-ms", type=float, default=None,
+                   help="the model's stream pacing (models[].stream_interval_ms; default: "
+                   "kvroute's, 0, a chunk per token)")
     c.add_argument("--sglang-args", default="",
                    help="extra sglang-router flags for the cache_aware run (default: none)")
     load_arguments(c)
@@ -76,6 +79,7 @@ def compare_spec(args: argparse.Namespace, routers: tuple[str, ...]) -> CompareS
         engine=args.engine, replicas=args.replicas, load=load_spec(args, concurrency),
         agent=agent_params(args), model_path=args.model_path,
         port=args.port, ingress=args.ingress, overhead_samples=args.overhead_samples,
+        stream_interval_ms=args.stream_interval_ms,
         routers=routers, sglang_args=tuple(shlex.split(args.sglang_args)),
         trace=args.trace if args.workload == "trace" else None,
         vocab_size=args.vocab_size, max_context=args.max_context,

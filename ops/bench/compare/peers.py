@@ -53,21 +53,26 @@ def venv_dir(package: str) -> Path:
 
 def ensure_venv(package: str) -> Path:
     """The peer's venv (its ``bin``), installed first if missing; returns its bin dir."""
-    venv = venv_dir(package)
-    marker = venv / ".kvroute-installed"
+    return install_venv(venv_dir(package), package, install_cmds(package))
+
+
+def install_venv(venv: Path, name: str, cmds: list[list[str]]) -> Path:
+    """``venv`` made by ``cmds`` (after ``python -m venv``) unless its marker says it is;
+    under a file lock beside it, its log and the install's seconds in the marker."""
+    marker, cache = venv / ".kvroute-installed", venv.parent
     if marker.exists():
         return venv / "bin"
-    peer_cache().mkdir(parents=True, exist_ok=True)
-    with (peer_cache() / f"{package}.lock").open("w") as lock:
+    cache.mkdir(parents=True, exist_ok=True)
+    with (cache / f"{name}.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not marker.exists():
             start = time.monotonic()
             base = getattr(sys, "_base_executable", sys.executable)
-            log = peer_cache() / f"{package}.install.log"
+            log = cache / f"{name}.install.log"
             with log.open("wb") as out:
-                for cmd in [[base, "-m", "venv", "--clear", str(venv)], *install_cmds(package)]:
+                for cmd in [[base, "-m", "venv", "--clear", str(venv)], *cmds]:
                     if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode:
-                        raise RuntimeError(f"installing {package} failed; see {log}")
+                        raise RuntimeError(f"installing {name} failed; see {log}")
             marker.write_text(f"{time.monotonic() - start:.1f}\n")  # install seconds
     return venv / "bin"
 

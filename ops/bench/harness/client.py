@@ -54,7 +54,9 @@ class Record:
     content_chunks: int = 0  # streamed chunks with content (tokens / chunks: their size)
     predicted_cached_tokens: int = 0
     replica: str = ""
+    router: str = ""  # the router replica that answered (x-kvroute-router)
     error: str | None = None
+    end_s: float | None = None  # when it ended (answered, failed or cut), run clock
 
     @property
     def ok(self) -> bool:
@@ -131,13 +133,22 @@ class Client:
         start = time.monotonic()
         rec = Record(req.key, req.session, start - t0)
         try:
+            return await self._stream(req, body, rec, start)
+        finally:
+            rec.end_s = time.monotonic() - t0
+
+    async def _stream(self, req: BenchRequest, body: dict[str, Any], rec: Record,
+                      start: float) -> Record:
+        assert self._session is not None
+        try:
             headers = identity_headers(req.session) if self.identity else None
             async with self._session.post(f"{self.url}{req.path}", json=body,
                                           headers=headers) as resp:
+                rec.replica = resp.headers.get("x-kvroute-replica", "")
+                rec.router = resp.headers.get("x-kvroute-router", "")
                 if resp.status != 200:
                     rec.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
                     return rec
-                rec.replica = resp.headers.get("x-kvroute-replica", "")
                 with contextlib.suppress(ValueError):
                     rec.predicted_cached_tokens = int(
                         resp.headers.get("x-kvroute-predicted-cached-tokens", "0"))

@@ -14,13 +14,14 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
     from deploy.config import KvrouteConfig
 
 HEALTHY_TIMEOUT_S = 300.0
+T = TypeVar("T")
 
 
 def bench_env() -> None:
@@ -85,3 +86,19 @@ def stack(config: KvrouteConfig, num_cpus: int | None = 4,
     """A fresh local Ray running ``config``: its URL for the block."""
     with local_ray(num_cpus), deployed(config, timeout_s) as url:
         yield url
+
+
+def with_fresh_ray(run: Callable[[], T], num_cpus: int | None = 4, attempts: int = 3) -> T:
+    """``run()`` on a fresh local Ray, the whole of it again (new Ray, new deploy) if it
+    raises, up to ``attempts`` times: on a saturated machine Serve's proxy or a raylet can
+    miss its start-up window, which no later step recovers from."""
+    for attempt in range(1, attempts + 1):
+        try:
+            with local_ray(num_cpus, tries=3):
+                return run()
+        except Exception as e:
+            if attempt == attempts:
+                raise
+            print(f"attempt {attempt} of {attempts} failed ({type(e).__name__}: {e}); "
+                  "again on a fresh Ray", flush=True)
+    raise AssertionError("unreachable")

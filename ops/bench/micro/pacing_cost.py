@@ -1,7 +1,7 @@
 """What stream pacing costs a worker, in process: 16 concurrent engine streams of
 ``TOKENS`` tokens 10 ms apart (the agent bench's sim), each read through
-``workers.transport.stream_pacing.paced`` at 0 (no layer) and at 20 ms (the default). Process CPU µs
-per token, the engine's own sleeps included, and the chunks per stream.
+``workers.transport.stream_pacing.paced`` at 0 (no layer, the default) and at 20 ms.
+Process CPU µs per token, the engine's own sleeps included, and the chunks per stream.
 
     kvroute bench micro pacing-cost [--impl PATH] [--rounds N]
 

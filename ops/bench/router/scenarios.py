@@ -113,7 +113,7 @@ def move_session(model_path: str, prompts: Prompts, url: str, i: int, length: in
     chats = prompts.turns(f"move-{i}-{time.time_ns()}", length, turns)
     a = _tokenizer(model_path, "local + Redis", url, "bench")
     for chat in chats[:-1]:
-        a.render_encode(chat)
+        a.commit(a.render_encode(chat))  # admitted: the router writes it to Redis then
     a.prompt_cache.store.flush()
     out = {}
     for case in MOVE_CASES:

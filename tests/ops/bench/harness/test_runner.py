@@ -38,5 +38,5 @@ def test_a_request_cut_by_the_drain_keeps_its_key_and_send_time() -> None:
     assert [r.key for r in records] == ["s1.t0", "s1.t1", "s1.t2"]
     cut = records[2]
     assert cut.session == "s1" and not cut.ok and cut.error.startswith("drain timeout")
-    assert 0.05 <= cut.start_s < 0.3  # sent at ~0.1 s, not stamped at the drain's end
+    assert 0.05 <= cut.start_s < 0.45  # sent at ~0.1 s, not stamped at the drain's end (0.5 s)
     assert runner.inflight == 0

@@ -80,5 +80,6 @@ def test_the_stack_keeps_the_models_stream_pacing_unless_a_mode_sets_it() -> Non
 
     shipped = ModelConfig.model_fields["stream_interval_ms"].default
     assert build_config(CompareSpec(), "/m", 0).models[0].stream_interval_ms == shipped
-    paced = build_config(CompareSpec(stream_interval_ms=0.0), "/m", 0).models[0]
-    assert paced.stream_interval_ms == 0.0
+    assert shipped == 0.0  # a chunk per token, as vLLM and SGLang stream
+    paced = build_config(CompareSpec(stream_interval_ms=20.0), "/m", 0).models[0]
+    assert paced.stream_interval_ms == 20.0

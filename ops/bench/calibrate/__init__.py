@@ -1,0 +1,1 @@
+"""``kvroute bench calibrate``: the sim engine emulator fitted to a real engine."""
