@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from deploy.config import KvrouteConfig, ModelConfig, ServerConfig
+from deploy.config import IndexConfig, KvrouteConfig, ModelConfig, ServerConfig
 
 
 class HostPort(Protocol):
@@ -42,6 +42,17 @@ def sim_model(
 
 def redis_url(proc: HostPort) -> str:
     return f"redis://{proc.host}:{proc.port}/0"
+
+
+def shared_index(proc: HostPort, **fields: Any) -> IndexConfig:
+    """The index of a stack whose tests assert where requests go, on ``proc``'s Redis.
+
+    Its Redis calls get 500 ms (1 s hard cap) instead of the production 50 ms: on a busy
+    machine (CI's two lanes) a 50 ms call times out, routing falls back to the per-router
+    index, and an affinity assert fails for a reason the test is not about. The fault tests
+    (chaos, index faults) keep the production timeouts."""
+    return IndexConfig(redis_url=redis_url(proc), **{"timeout_s": 0.5, "op_timeout_s": 1.0,
+                                                     **fields})
 
 
 def stack_config(port: int, *models: ModelConfig, **sections: Any) -> KvrouteConfig:

@@ -47,6 +47,20 @@ class Exchange:
         data = frames[-1].split("data: ", 1)[1]
         return json.loads(data)
 
+    def usage(self) -> dict[str, Any]:
+        """The response's last ``usage`` object (a whole body's, or the last SSE chunk's)."""
+        text = self.tail.decode(errors="replace")
+        datas = [line[6:] for line in text.splitlines() if line.startswith("data: {")]
+        for data in reversed(datas or [text]):
+            try:
+                found = json.loads(data)
+            except ValueError:
+                continue
+            use = found.get("usage") or found.get("response", {}).get("usage")
+            if use:
+                return use
+        raise AssertionError(f"no usage in {self.path}'s response")
+
     def json(self) -> Any:
         return json.loads(self.body) if self.body else None
 
@@ -59,6 +73,7 @@ class Recorder:
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream.rstrip("/")
         self.exchanges: list[Exchange] = []
+        self.blocked: list[str] = []  # hosts a CLI tried to reach past loopback (refused)
         self.url = ""
 
     def calls(self, path: str) -> list[Exchange]:
@@ -75,6 +90,11 @@ class Recorder:
                   f"after {e.ttfb_s * 1000:.0f} ms")
 
     async def _forward(self, request: Request) -> Response:
+        host = request.headers.get("host", "").rsplit(":", 1)[0]
+        if request.method == "CONNECT" or host not in ("127.0.0.1", "localhost"):
+            # the CLI used us as its proxy for another host: it stays on loopback
+            self.blocked.append(host or request.url.path)
+            return Response(status_code=403)
         body = await request.body()
         ex = Exchange(request.method, request.url.path, dict(request.headers), body)
         self.exchanges.append(ex)
@@ -104,7 +124,8 @@ class Recorder:
 
     def app(self) -> Starlette:
         return Starlette(routes=[Route("/{path:path}", self._forward,
-                                       methods=["GET", "POST", "HEAD", "DELETE", "PUT"])])
+                                       methods=["GET", "POST", "HEAD", "DELETE", "PUT",
+                                                "CONNECT", "PATCH", "OPTIONS"])])
 
 
 @contextmanager

@@ -146,7 +146,14 @@ CASES = [
     case("top-p-zero-chat", CHAT, chat(top_p=0), 400, "invalid_request"),
     case("top-p-neg-msg", MESSAGES, msg(top_p=-1), 400, None),
     case("top-k-neg-msg", MESSAGES, msg(top_k=-1), 400, None),
-    case("n-two", CHAT, chat(n=2), 400, "invalid_request"),
+    case("n-zero", CHAT, chat(n=0), 400, "invalid_request"),
+    case("n-over-openai-bound", CHAT, chat(n=129), 400, "invalid_request"),
+    case("best-of-over-n", COMPLETIONS, comp(best_of=3), 400, "invalid_request"),
+    case("batch-over-choices", COMPLETIONS, comp(prompt=["a"] * 65, n=2), 400,
+         "invalid_request"),
+    case("batch-token-id-vocab", COMPLETIONS, comp(prompt=[[1, 2], [1 << 20]]), 400,
+         "invalid_token_ids"),
+    case("batch-empty-ids", COMPLETIONS, comp(prompt=[[1], []]), 400, "empty_prompt"),
     case("too-many-stops", CHAT, chat(stop=[str(i) for i in range(17)]), 400, "invalid_request"),
     case("too-many-stops-msg", MESSAGES, msg(stop_sequences=[str(i) for i in range(17)]), 400,
      None),
@@ -236,11 +243,12 @@ def test_the_openai_sdk_asking_32000_gets_a_reply(url: str) -> None:
     assert client.models.retrieve(MODEL).id == MODEL
 
 
-def test_a_strict_json_schema_is_served_and_said_unenforced(client: httpx.Client) -> None:
-    r = post(client, CHAT, chat(max_tokens=4, response_format={
+def test_a_strict_json_schema_is_enforced(client: httpx.Client) -> None:
+    r = post(client, CHAT, chat(max_tokens=8, response_format={
         "type": "json_schema", "json_schema": {"name": "x", "strict": True, "schema": {}}}))
     assert r.status_code == 200, r.text[:300]
-    assert r.headers["x-kvroute-schema-not-enforced"] == "x"
+    assert "x-kvroute-schema-not-enforced" not in r.headers
+    assert isinstance(json.loads(r.json()["choices"][0]["message"]["content"]), dict)
 
 
 def test_unknown_block_type_is_named_over_http(client: httpx.Client) -> None:

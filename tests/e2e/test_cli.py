@@ -3,6 +3,7 @@ leaves no Ray process behind."""
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import re
@@ -17,6 +18,7 @@ import httpx
 import psutil
 import pytest
 
+from tests.agents import clis
 from tests.conftest import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.load]  # `kvroute up` starts a Ray of its own
@@ -80,6 +82,19 @@ def test_up_serves_demo_and_ctrl_c_cleans_up(tmp_path: Path) -> None:
             "model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}],
             "max_tokens": 4})
         assert r.status_code == 200 and r.headers["x-kvroute-replica"]
+        # an agent's vendor model name: the scripted demo-agent, a whole turn at once
+        r = httpx.post(f"{url}/v1/messages", timeout=60, json={
+            "model": "claude-sonnet-4-5", "max_tokens": 32000,
+            "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 200 and r.json()["stop_reason"] == "end_turn", r.text
+        assert "demo model" in r.json()["content"][0]["text"]
+        # Qwen Code (its 32,000-token max_tokens) holds a session with the demo: a turn that
+        # calls its shell tool, and one more on the same conversation
+        text, events = clis.qwen(url, tmp_path / "qwen", "demo-tool")
+        assert "whole tool round trip" in text, text
+        assert "run_shell_command" in json.dumps(events)
+        text, _ = clis.qwen(url, tmp_path / "qwen", "--continue", "thanks")
+        assert "demo-agent" in text, text
         _check_log(log, seen)
         tree = psutil.Process(proc.pid).children(recursive=True)
         assert any("raylet" in " ".join(p.cmdline()) for p in tree)

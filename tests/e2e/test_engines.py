@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
-from deploy.config import IndexConfig, ModelConfig
-from tests.stacks import deployed, redis_url, stack_config
+from deploy.config import ModelConfig
+from tests.stacks import deployed, redis_url, shared_index, stack_config
 
 ENGINE_KWARGS: dict[str, dict[str, Any]] = {
     "sim": {"tpot_s": 0.002, "prefill_tok_s": 50000.0},
@@ -40,7 +40,7 @@ def engine_stack(request: pytest.FixtureRequest, ray_local: None, tiny_model_dir
         ModelConfig(name=f"e2e-{engine}", engine=engine, model_path=str(tiny_model_dir),
                     num_replicas=1, num_cpus=0.5, context_window=8192,
                     engine_kwargs=ENGINE_KWARGS[engine]),
-        index=IndexConfig(redis_url=index, routed_ttl_s=1.0, namespace=f"e2e-{engine}"),
+        index=shared_index(stack_redis, routed_ttl_s=1.0, namespace=f"e2e-{engine}"),
     )
     with deployed(cfg, timeout_s=600) as url:
         yield {"url": url, "engine": engine, "model": f"e2e-{engine}", "redis_url": index}

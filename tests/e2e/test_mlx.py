@@ -14,8 +14,8 @@ import openai
 import pytest
 import redis
 
-from deploy.config import IndexConfig, ModelConfig
-from tests.stacks import deployed, redis_url, stack_config
+from deploy.config import ModelConfig
+from tests.stacks import deployed, redis_url, shared_index, stack_config
 
 # Two mlx replicas and Redis, as test_agents has, but a stack of its own: the spread tests
 # need replicas and a router no other module has loaded (test_agents' sessions, leases and
@@ -31,7 +31,7 @@ def stack(
     index = redis_url(stack_redis)
     model = ModelConfig(name=MODEL, engine="mlx", model_path=str(tiny_model_dir),
                         num_replicas=2, num_cpus=0.5)
-    with deployed(stack_config(serve_port, model, index=IndexConfig(redis_url=index)),
+    with deployed(stack_config(serve_port, model, index=shared_index(stack_redis)),
                   fresh=True,
                   timeout_s=300) as url:
         yield {"url": url, "redis_url": index}

@@ -13,8 +13,8 @@ import httpx
 import pytest
 from pytest_redis import factories
 
-from deploy.config import IndexConfig, RouterConfig
-from tests.stacks import counter, deployed, redis_url, report_fault, sim_model, stack_config
+from deploy.config import RouterConfig
+from tests.stacks import counter, deployed, report_fault, shared_index, sim_model, stack_config
 
 pytestmark = pytest.mark.slow
 MODEL = "sim-rr"
@@ -26,7 +26,7 @@ rr_redis = factories.redis_proc(host="127.0.0.1", port=None)
 @pytest.fixture(scope="module", params=["grpc", "actor"])
 def stack(request: pytest.FixtureRequest, ray_local: None, tiny_model_dir: Path, rr_redis: Any,
           serve_port: int) -> Iterator[dict[str, Any]]:
-    index = IndexConfig(redis_url=redis_url(rr_redis), liveness_ttl_s=3.0)
+    index = shared_index(rr_redis, liveness_ttl_s=3.0)
     cfg = stack_config(serve_port, sim_model(MODEL, tiny_model_dir, replicas=2), index=index,
                        router=RouterConfig(worker_transport=request.param))
     with deployed(cfg) as url:

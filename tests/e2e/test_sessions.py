@@ -25,7 +25,8 @@ def stack(ray_local: None, tiny_model_dir: Path, stack_redis: Any,
     cfg = stack_config(
         serve_port, sim_model(MODEL, tiny_model_dir, replicas=2),
         index=IndexConfig(redis_url=redis_url(stack_redis),
-                          namespace=f"sess{uuid.uuid4().hex[:8]}", timeout_s=0.5),
+                          namespace=f"sess{uuid.uuid4().hex[:8]}", timeout_s=0.5,
+                          op_timeout_s=1.0),
         router=RouterConfig(replicas=2),
     )
     with deployed(cfg) as url:

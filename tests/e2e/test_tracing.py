@@ -89,11 +89,14 @@ def test_one_trace_spans_router_and_worker(traced: dict[str, Any]) -> None:
     trace_id, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
     r = _chat(traced["url"], {"traceparent": f"00-{trace_id}-{parent}-01"})
     assert r.status_code == 200
-    deadline, spans = time.monotonic() + 20, []
+    # the router's root span ends last (after the reply) and may reach the collector in a
+    # later export batch than the worker's spans: wait for both
+    deadline, spans = time.monotonic() + 60, []
     while time.monotonic() < deadline:
         spans = [s for s in traced["collector"].spans() if s[0] == trace_id]
         names = {s[3] for s in spans}
-        if {"worker.generate", "prefill", "decode", "index.lookup"} <= names:
+        if {"worker.generate", "prefill", "decode", "index.lookup"} <= names and \
+                any(pid == parent for _, pid, _, _ in spans):
             break
         time.sleep(0.5)
     by_name = {name: (pid, sid) for _, pid, sid, name in spans}

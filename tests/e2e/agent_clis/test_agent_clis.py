@@ -15,9 +15,6 @@ recorder, so nothing they send can leave loopback.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,61 +22,15 @@ import httpx
 import openai
 import pytest
 
-from deploy.config import IndexConfig, ModelConfig
-from tests.agents.recorder import Recorder, recording
-from tests.conftest import free_port
+from tests.agents import clis
+from tests.agents.clis import BIN, MODEL, PLAIN, TOOL_OK
+from tests.agents.recorder import Exchange, Recorder
 from tests.e2e.test_agents import wait_for, worker_loads
-from tests.stacks import deployed, redis_url, sim_model, stack_config
 
-pytestmark = pytest.mark.slow
-BIN = Path(__file__).parents[1] / "agents" / "node_modules" / ".bin"
-MODEL, PLAIN = "coder", "plain"
-TOOL_OK = "kvroute-tool-ok"
-CLAUDE_CALL = {"name": "Bash", "arguments": {"command": f"echo {TOOL_OK}",
-                                             "description": "Print a marker"}}
-CODEX_CALL = {"name": "exec_command", "arguments": {"cmd": f"echo {TOOL_OK}"}}
-SCRIPT = {"segment_marker": "<|im_start|>user", "rules": [
-    {"match": "<tool_response>", "reply": "The tool ran. All done."},
-    {"match": "KVTOOL-CLAUDE", "reply": f"<tool_call>\n{json.dumps(CLAUDE_CALL)}\n</tool_call>"},
-    {"match": "KVTOOL-CODEX", "reply": f"<tool_call>\n{json.dumps(CODEX_CALL)}\n</tool_call>"},
-    {"match": "", "reply": "Hello from kvroute."},
-]}
+pytestmark = [pytest.mark.slow, pytest.mark.stack(clis.STACK)]
 
 
-@pytest.fixture(scope="module")
-def stack(ray_local: None, tiny_model_dir: Path, stack_redis: Any, serve_port: int,
-          tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    script = tmp_path_factory.mktemp("script") / "script.json"
-    script.write_text(json.dumps(SCRIPT))
-    model = ModelConfig(name=MODEL, engine="sim", model_path=str(tiny_model_dir),
-                        num_replicas=2, num_cpus=0.1, engine_kwargs={
-                            "tpot_s": 0.002, "prefill_tok_s": 100000.0,
-                            "script_path": str(script)})
-    plain = sim_model(PLAIN, tiny_model_dir, tpot_s=0.01)  # no script: endless " w<id>"
-    cfg = stack_config(serve_port, model, plain,
-                       index=IndexConfig(redis_url=redis_url(stack_redis)),
-                       aliases={"claude-*": MODEL, "gpt-*": MODEL})
-    with deployed(cfg) as url:
-        yield url
-
-
-@pytest.fixture
-def recorder(stack: str) -> Iterator[Recorder]:
-    with recording(stack, free_port()) as rec:
-        yield rec
-
-
-def _run(argv: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=300,
-                          stdin=subprocess.DEVNULL)
-    assert proc.returncode == 0, f"{argv[:3]} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return proc
-
-
-def _base_env(home: Path, proxy: str) -> dict[str, str]:
-    """No inherited secrets or settings; every outbound request goes to the recorder."""
-    return {"PATH": os.environ["PATH"], "HOME": str(home), "TERM": "dumb", "LANG": "C.UTF-8",
-            "HTTPS_PROXY": proxy, "HTTP_PROXY": proxy, "NO_PROXY": "127.0.0.1,localhost"}
+_run, _base_env = clis.run, clis.base_env
 
 
 # -- Claude Code ----------------------------------------------------------------------
@@ -211,6 +162,42 @@ def test_codex_tool_round_trip(recorder: Recorder, tmp_path: Path) -> None:
     assert use["input_tokens_details"]["cached_tokens"] >= 0.8 * use["input_tokens"], use
     assert any("All done" in json.dumps(e) for e in events), events
     recorder.report("CODEX tool round trip")
+
+
+def test_codex_sub_agent_round_trip(recorder: Recorder, tmp_path: Path) -> None:
+    """``features.multi_agent_v2``: the parent spawns a child (``collaboration.spawn_agent``),
+    the child gets its task in an ``agent_message``, runs the marker command and finishes;
+    the parent waits and gets the child's final answer back, also an ``agent_message``."""
+    events = _codex(recorder, tmp_path, "--json", "--skip-git-repo-check",
+                    "--dangerously-bypass-approvals-and-sandbox",
+                    "-c", "features.multi_agent_v2=true",
+                    "KVTOOL-SPAWN hand the marker command to a sub-agent", model="gpt-5.5")
+    calls = recorder.calls("/v1/responses")
+    assert not recorder.failures(), [(e.path, e.status) for e in recorder.failures()]
+    threads: dict[str, list[Exchange]] = {}
+    for c in calls:
+        threads.setdefault(c.headers["thread-id"], []).append(c)
+    parent = threads.pop(calls[0].headers["thread-id"])
+    assert len(threads) == 1, list(threads)  # one child
+    (child,) = threads.values()
+    assert child[0].headers["x-codex-parent-thread-id"] == calls[0].headers["thread-id"]
+    tasks = [i for i in child[0].json()["input"] if i.get("type") == "agent_message"]
+    assert tasks and tasks[0]["author"] == "/root", child[0].json()["input"][-2:]
+    assert clis.SUB_TASK in json.dumps(tasks[0]["content"])
+    outputs = [i for i in child[-1].json()["input"] if i.get("type") == "function_call_output"]
+    assert outputs and TOOL_OK in json.dumps(outputs[-1]["output"])  # the child ran the tool
+    reports = [i for i in parent[-1].json()["input"] if i.get("type") == "agent_message"
+               and i.get("author") == tasks[0]["recipient"]]
+    assert reports and "The tool ran. All done." in json.dumps(reports[-1]["content"]), \
+        parent[-1].json()["input"][-3:]
+    finals = [e["item"]["text"] for e in events if e.get("type") == "item.completed"
+              and e["item"].get("type") == "agent_message"]
+    assert finals and finals[-1] == clis.SUB_DONE, events  # the parent's turn finished
+    assert len({c.replica for c in parent}) == 1 and len({c.replica for c in child}) == 1
+    print(f"\nCODEX SUB-AGENT: {len(calls)} requests ({len(parent)} parent, {len(child)} "
+          f"child), {len(recorder.failures())} 4xx/5xx, parent on replica "
+          f"{parent[0].replica}, child on replica {child[0].replica}")
+    recorder.report("CODEX SUB-AGENT")
 
 
 # -- the OpenAI SDK's Responses client ----------------------------------------------------
