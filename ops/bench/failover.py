@@ -19,7 +19,10 @@ with a predicted-cached header: a lower bound only, since a router's local view 
 during the outage too), ``hit_rate`` and ``predicted_rate``
 ``{before, during, after}``, ``hit_recovery_s`` (kill → the rolling hit rate back within 1
 point of before) and ``rate_limit_kept`` (``probe``'s bucket on the new primary, and what
-the routers admit for it after the failover). Only ``--redis sentinel`` exists for now.
+the routers admit for it after the failover; ``limiter_fell_back``: a router's limiter call
+failed while the probe spent or tested its budget, so for a back-off that router decided
+from its own share of the usage, as docs/auth.md says it does).
+Only ``--redis sentinel`` exists for now.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import httpx
+
 from ops.bench import failover_figures as figures
 from ops.bench.harness.client import Client, LoadSpec, Record, Runner, agent_driver
 from ops.bench.harness.workloads import CHAT_PATH, AgentParams, AgentWorkload, BenchRequest
@@ -39,6 +44,7 @@ from ops.bench.redis_fleet import RedisFleet, redis_fleet
 MODEL = "failover-model"
 BENCH_KEY, PROBE_KEY = "kvroute-bench-load", "kvroute-bench-probe"  # test-only secrets
 PROBE_RPM, PROBE_SPENT = 10, 6
+METRICS_LAG_S = 2.5  # a replica's push (each second) plus the /metrics snapshot's age (1 s)
 NAMESPACE = "kvroute"
 
 
@@ -108,6 +114,24 @@ def _bucket(fleet: RedisFleet, primary: bool) -> tuple[int | None, float | None]
     return int(tat), (int(tat) - (secs * 1_000_000 + micros)) / 1e6
 
 
+async def _limiter_failures(url: str) -> float:
+    """Rate-limiter Redis calls that failed, summed over the router replicas
+    (``kvroute_index_errors_total{op="ratelimit"}`` on the merged ``/metrics``). Each opens
+    that router's circuit: for ``backoff_s`` it decides from its own share of the usage."""
+    from ops.commands.status import parse_metrics, total
+
+    async with httpx.AsyncClient(timeout=10.0) as http:
+        text = (await http.get(url.rstrip("/") + "/metrics")).text
+    return total(parse_metrics(text), "kvroute_index_errors_total", op="ratelimit")
+
+
+async def _fresh_limiter_failures(url: str) -> float:
+    """As ``_limiter_failures`` once every replica has pushed what it counted so far: one
+    push per second to the hub, and ``/metrics`` is a snapshot up to a second old."""
+    await asyncio.sleep(METRICS_LAG_S)
+    return await _limiter_failures(url)
+
+
 async def _store_answers(url: str) -> bool:
     from cache_service import IndexSettings, RedisPrefixIndex
 
@@ -154,8 +178,10 @@ async def _until_store_answers(url: str, timeout_s: float = 60.0) -> None:
 async def _kill(url: str, fleet: RedisFleet, runner: Runner, kill_at: float) -> KillTimes:
     """Spend part of the probe's budget, kill the primary at ``kill_at``, time what follows."""
     times = KillTimes()
-    await runner.sleep(max(0.0, kill_at - 3.0))
+    await runner.sleep(max(0.0, kill_at - 4.0))  # the spend, then METRICS_LAG_S
+    failed_at_start = await _limiter_failures(url)
     admitted_before = await _probe_burst(url, PROBE_SPENT)
+    spend_fell_back = await _fresh_limiter_failures(url) > failed_at_start
     await runner.sleep(kill_at - runner.elapsed)
     times.replicated = await asyncio.to_thread(fleet.wait_replicated)
     tat_before, ahead_before = await asyncio.to_thread(_bucket, fleet, True)
@@ -170,12 +196,18 @@ async def _kill(url: str, fleet: RedisFleet, runner: Runner, kill_at: float) -> 
     times.store_back_s = runner.elapsed
     times.router_back_s = await routers
     await asyncio.sleep(3.0)  # past the limiter's back-off: its answers come from Redis again
+    failed_before_burst = await _limiter_failures(url)
+    admitted_after = await _probe_burst(url, PROBE_RPM)
+    burst_fell_back = await _fresh_limiter_failures(url) > failed_before_burst
     times.rate_limit = {
         "key": "probe", "rpm": PROBE_RPM, "admitted_before_kill": admitted_before,
         "bucket_ahead_s_at_kill": _r(ahead_before), "bucket_ahead_s_on_new_primary":
-        _r(ahead_after), "admitted_after_failover": await _probe_burst(url, PROBE_RPM),
+        _r(ahead_after), "admitted_after_failover": admitted_after,
         "admitted_if_reset": PROBE_RPM,
-        "kept": tat_before is not None and tat_after == tat_before}
+        "kept": tat_before is not None and tat_after == tat_before,
+        # a limiter call that failed (a timeout on a loaded host) while the probe spent or
+        # tested its budget: that router answered from its own share for a back-off
+        "limiter_fell_back": spend_fell_back or burst_fell_back}
     return times
 
 

@@ -43,4 +43,7 @@ def test_a_killed_redis_primary_fails_no_request(ray_local: None, serve_port: in
     limit = res["rate_limit_kept"]
     assert limit["admitted_before_kill"] == failover.PROBE_SPENT
     assert limit["kept"], limit  # the promoted replica holds the bucket the primary had
-    assert limit["admitted_after_failover"] < failover.PROBE_RPM  # not a full bucket again
+    # not a full bucket again; only a router whose limiter call failed meanwhile (documented:
+    # it decides from its own share for a back-off) may admit more
+    assert limit["admitted_after_failover"] < failover.PROBE_RPM or limit["limiter_fell_back"], \
+        limit
