@@ -27,6 +27,7 @@ MODEL = "sim-auto"
 TTFT_MODEL = "sim-ttft"
 CONCURRENCY = 2  # = sim-ttft's target_ongoing_requests: the default's error ratio stays <= 1
 PROMPT_WORDS = 1000  # ~1 s of prefill each at 2000 tok/s, against a 1.5 s TTFT target
+SCALE_UP_CAP_S = 90.0  # the most the scale-up load waits for its third replica
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +50,23 @@ def _replicas(url: str, model: str = MODEL) -> int:
     return int(httpx.get(f"{url}/health", timeout=5).json()["replicas"].get(model, 0))
 
 
-async def _load(url: str, seconds: float, concurrency: int) -> list[tuple[int, str]]:
+async def _load(url: str, seconds: float, concurrency: int,
+                until_replicas: int = 0) -> list[tuple[int, str]]:
+    """``concurrency`` clients for ``seconds``; with ``until_replicas``, for ``seconds``
+    after that many replicas are serving (at most ``SCALE_UP_CAP_S``): how soon a replica
+    starts depends on the host's load, what the router does with it once it runs does not."""
     out: list[tuple[int, str]] = []
-    end = time.monotonic() + seconds
+    end = time.monotonic() + (SCALE_UP_CAP_S if until_replicas else seconds)
+
+    async def watch() -> None:
+        nonlocal end
+        async with httpx.AsyncClient(timeout=5) as client:
+            while time.monotonic() < end:
+                health = (await client.get(f"{url}/health")).json()
+                if int(health["replicas"].get(MODEL, 0)) >= until_replicas:
+                    end = min(end, time.monotonic() + seconds)
+                    return
+                await asyncio.sleep(0.5)
 
     async def worker(k: int) -> None:
         async with httpx.AsyncClient(timeout=60) as client:
@@ -63,14 +78,15 @@ async def _load(url: str, seconds: float, concurrency: int) -> list[tuple[int, s
                 out.append((r.status_code, r.headers.get("x-kvroute-replica", "")))
                 i += 1
 
-    await asyncio.gather(*(worker(k) for k in range(concurrency)))
+    await asyncio.gather(*(worker(k) for k in range(concurrency)),
+                         *([watch()] if until_replicas else []))
     return out
 
 
 def test_scale_up_then_down_without_failures(stack: str) -> None:
     assert _replicas(stack) == 1
     t0 = time.monotonic()
-    results = asyncio.run(_load(stack, 25.0, concurrency=8))
+    results = asyncio.run(_load(stack, 8.0, concurrency=8, until_replicas=3))
     peak = _replicas(stack)
     assert all(code == 200 for code, _ in results)
     assert peak >= 3, f"only {peak} replicas under load"
