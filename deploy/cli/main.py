@@ -140,9 +140,13 @@ def _start(cfg: KvrouteConfig, ui: UpConsole, log_path: Path | None) -> None:
 
 
 def cmd_make_model(args: argparse.Namespace) -> int:
+    from ops.models.quantize import make_quantized
     from ops.models.tiny_model import make_model
 
-    path = make_model(args.dir, seed=args.seed, family=args.family)
+    if args.quantize is not None:
+        path = make_quantized(Path(args.dir), args.quantize, seed=args.seed, family=args.family)
+    else:
+        path = make_model(args.dir, seed=args.seed, family=args.family)
     print(path)
     return 0
 
@@ -164,6 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
     mm = sub.add_parser("make-model", help="write the tiny offline model")
     mm.add_argument("dir")
     mm.add_argument("--seed", type=int, default=0)
+    mm.add_argument("--quantize", type=int, choices=[16, 8, 4],
+                    help="write it as mlx-lm converts it: 16 = float16 weights, 8 or 4 = "
+                    "that many bits per weight (affine, groups of 64)")
     add_family_arg(mm)
     mm.set_defaults(func=cmd_make_model)
     add_status(sub)

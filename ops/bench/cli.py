@@ -50,7 +50,7 @@ BENCHES = (
     Bench("router", "ops.bench.router.command",
           "router CPU and added latency, prompt cache off vs on"),
     Bench("index", "ops.bench.index", "Redis prefix-index latency vs PING"),
-    Bench("engines", "ops.bench.engines", "cold/warm TTFT and tok/s per engine"),
+    Bench("engines", "ops.bench.engines.command", "cold/warm TTFT and tok/s per engine"),
     Bench("autoscale", "ops.bench.autoscale.command",
           "bursty load on an autoscaled model: kvroute's policy or Serve's default"),
     Bench("autoscale-pool", "ops.bench.autoscale.pool",

@@ -1,13 +1,8 @@
-"""``kvroute bench engines``: the same workload on each engine, 2 replicas behind kvroute.
-
-    kvroute bench engines --engine sim mlx [--replicas 2] [--prompt-words 600]
-
-For each engine it deploys kvroute (local Ray on loopback, the tiny offline model,
-memory index), then measures through the router:
+"""One engine behind kvroute, measured through the router: it deploys kvroute (local Ray
+on loopback, the tiny offline model or ``model_path``, memory index), then measures:
 - TTFT of a cold prefix (a prompt never seen) and of a warm one (the same prompt
   again, so the replica serves it from its prefix cache), and their ratio;
 - output tokens/s with ``--concurrency`` streams of ``--max-tokens`` tokens at once.
-Figures are printed as one table and written as JSON (``--out``).
 """
 
 from __future__ import annotations
@@ -17,6 +12,7 @@ import asyncio
 import json
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -28,7 +24,7 @@ ENGINE_KWARGS: dict[str, dict[str, Any]] = {
 }
 
 
-def _prompt(i: int, words: int) -> str:
+def prompt_text(i: int, words: int) -> str:
     return f"document {i}: " + " ".join(f"w{(i * 31 + k) % 997}" for k in range(words))
 
 
@@ -56,12 +52,12 @@ async def _measure(url: str, model: str, args: argparse.Namespace) -> dict[str, 
     async with httpx.AsyncClient(timeout=600) as c:
         cold, warm = [], []
         for i in range(args.samples):
-            text = _prompt(1000 + i, args.prompt_words)
+            text = prompt_text(1000 + i, args.prompt_words)
             cold.append((await _ttft(c, url, model, text, 4))[0])
             warm.append((await _ttft(c, url, model, text, 4))[0])
         start = time.perf_counter()
         runs = await asyncio.gather(*(
-            _ttft(c, url, model, _prompt(5000 + i, 50), args.max_tokens)
+            _ttft(c, url, model, prompt_text(5000 + i, 50), args.max_tokens)
             for i in range(args.concurrency)))
         wall = time.perf_counter() - start
     cold_m, warm_m = statistics.median(cold), statistics.median(warm)
@@ -69,13 +65,16 @@ async def _measure(url: str, model: str, args: argparse.Namespace) -> dict[str, 
             "tokens_per_s": sum(r[1] for r in runs) / wall}
 
 
-def _bench_engine(engine: str, args: argparse.Namespace) -> dict[str, float]:
+def bench_engine(engine: str, args: argparse.Namespace, model_path: Path | None = None,
+                 model: str | None = None) -> dict[str, float]:
+    """Deploy ``engine`` on ``model_path`` (default: the tiny model) and measure it."""
     from ops.bench.harness.config import StackSpec, build
     from ops.bench.harness.stack import deployed
     from ops.models.tiny_model import ensure_model
 
-    model = f"bench-{engine}"
-    cfg = build(StackSpec(model=model, model_path=str(ensure_model()), port=args.port,
+    model = model or f"bench-{engine}"
+    path = model_path or ensure_model()
+    cfg = build(StackSpec(model=model, model_path=str(path), port=args.port,
                           engine=engine, replicas=args.replicas, num_cpus=0.5,
                           context_window=8192, max_ongoing_requests=16,  # kvroute's default
                           engine_kwargs=ENGINE_KWARGS[engine]))
@@ -83,31 +82,6 @@ def _bench_engine(engine: str, args: argparse.Namespace) -> dict[str, float]:
     with deployed(cfg, timeout_s=600) as url:
         startup = time.perf_counter() - t0
         return {"startup_s": startup, **asyncio.run(_measure(url, model, args))}
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of ``kvroute bench engines`` (registered by ops/bench/cli.py)."""
-    p.add_argument("--engine", nargs="+", default=["sim", "mlx"], choices=sorted(ENGINE_KWARGS))
-    p.add_argument("--replicas", type=int, default=2)
-    p.add_argument("--prompt-words", type=int, default=600)
-    p.add_argument("--samples", type=int, default=3)
-    p.add_argument("--concurrency", type=int, default=4)
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--port", type=int, default=8011)
-    p.add_argument("--out")
-
-
-def run(args: argparse.Namespace) -> int:
-    """Deploy each engine in turn, measure, print one table, write ``--out``."""
-    from ops.bench.harness.stack import local_ray
-
-    with local_ray():
-        results = {e: _bench_engine(e, args) for e in args.engine}
-    print(table(results))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=2)
-    return 0
 
 
 def table(results: dict[str, dict[str, float]]) -> str:
