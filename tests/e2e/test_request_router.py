@@ -34,8 +34,11 @@ def stack(request: pytest.FixtureRequest, ray_local: None, tiny_model_dir: Path,
 
 
 def _chat(url: str, text: str) -> httpx.Response:
+    """One turn of the test's conversation, under its session key: the prefix alone (357
+    tokens) is worth less than a stale load report, which could send turn 2 elsewhere."""
     body = {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": text}]}
-    return httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+    return httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60,
+                      headers={"x-session-id": "test-request-router"})
 
 
 def _replicas(url: str) -> int:
