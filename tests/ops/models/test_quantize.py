@@ -13,8 +13,6 @@ from deploy.cli.main import build_parser
 from ops.bench.engines import quantization
 from ops.models.quantize import ensure_variant, make_quantized
 
-pytest.importorskip("mlx_lm")  # the mlx extra: Metal or CPU MLX
-
 
 @pytest.fixture(scope="module")
 def variants(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
