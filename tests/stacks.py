@@ -144,6 +144,33 @@ def delete_now(app: str, timeout_s: float = 60.0) -> None:
         time.sleep(0.05)
 
 
+def kill_replica(deployment: str, replica: str, timeout_s: float = 30.0) -> None:
+    """SIGKILL one Serve replica of the kvroute app and return once Ray reports it dead.
+
+    ``ray.kill`` only asks for the kill: a request sent right after it can still be
+    served by the replica, so a test that asserts where the next request goes waits."""
+    import time
+
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError
+
+    from deploy.serve import runtime
+
+    actor = ray.get_actor(f"SERVE_REPLICA::{runtime.APP_NAME}#{deployment}#{replica}",
+                          namespace="serve")
+    ray.kill(actor, no_restart=True)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.__ray_ready__.remote(), timeout=1.0)
+        except RayActorError:
+            return
+        except GetTimeoutError:
+            continue
+        time.sleep(0.05)
+    raise TimeoutError(f"replica {replica} still alive {timeout_s:.0f} s after ray.kill")
+
+
 def proxy_port() -> int:
     """The port of this session's Serve proxy, started on a free port if it is not running.
 

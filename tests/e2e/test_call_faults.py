@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.stacks import counter, deployed, sim_model, stack_config
+from tests.stacks import counter, deployed, kill_replica, sim_model, stack_config
 
 pytestmark = pytest.mark.slow
 MODEL = "sim-call-faults"
@@ -37,13 +37,6 @@ def stack(ray_local: None, tiny_model_dir: Path, serve_port: int) -> Iterator[st
 def _replicas(url: str) -> dict[str, dict[str, Any]]:
     reps = httpx.get(f"{url}/kvroute/replicas", timeout=5).json()["models"].get(MODEL, [])
     return {r["replica"]: r for r in reps}
-
-
-def _kill(replica: str) -> None:
-    import ray
-
-    actor = ray.get_actor(f"SERVE_REPLICA::kvroute#{MODEL}#{replica}", namespace="serve")
-    ray.kill(actor, no_restart=True)
 
 
 def _until(check: Any, what: str, timeout_s: float = 20.0) -> None:
@@ -73,7 +66,7 @@ def test_a_worker_killed_mid_call_resumes_on_the_other(stack: str) -> None:
             if line.startswith("data: "):
                 events.append(line[6:])
                 if len(events) == 5:
-                    _kill(replica)
+                    kill_replica(MODEL, replica)
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
     assert not [c for c in chunks if "error" in c], events[-3:]

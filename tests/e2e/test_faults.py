@@ -14,7 +14,7 @@ import pytest
 
 from deploy.config import RouterConfig
 from deploy.serve.builder import ROUTER_DEPLOYMENT
-from tests.stacks import counter, deployed, report_fault, sim_model, stack_config
+from tests.stacks import counter, deployed, kill_replica, report_fault, sim_model, stack_config
 
 pytestmark = pytest.mark.slow
 MODEL = "sim-faults"
@@ -25,13 +25,6 @@ def stack(ray_local: None, tiny_model_dir: Path, serve_port: int) -> Iterator[st
     model = sim_model(MODEL, tiny_model_dir, replicas=2, tpot_s=0.05)
     with deployed(stack_config(serve_port, model, router=RouterConfig(replicas=2))) as url:
         yield url
-
-
-def _kill(deployment: str, replica: str) -> None:
-    import ray
-
-    actor = ray.get_actor(f"SERVE_REPLICA::kvroute#{deployment}#{replica}", namespace="serve")
-    ray.kill(actor, no_restart=True)
 
 
 def _ok(url: str, text: str = "hello") -> httpx.Response:
@@ -53,7 +46,7 @@ def test_killed_worker_stream_resumes_on_the_other_replica(stack: str) -> None:
                 continue
             events.append(line[6:])
             if len(events) == 5:
-                _kill(MODEL, replica)
+                kill_replica(MODEL, replica)
     elapsed = time.monotonic() - t0
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
@@ -81,7 +74,7 @@ def _timed(call: Callable[[int], httpx.Response], n: int) -> tuple[list[httpx.Re
 def test_killed_router_replica_leaves_the_other_serving(stack: str) -> None:
     routers = {_ok(stack, f"probe {i}").headers["x-kvroute-router"] for i in range(20)}
     victim = sorted(routers)[0]
-    _kill(ROUTER_DEPLOYMENT, victim)
+    kill_replica(ROUTER_DEPLOYMENT, victim)
     retries = counter(stack, "kvroute_retries_total")
     results, worst = _timed(lambda i: _ok(stack, f"after router kill {i}"), 20)
     failed = [r for r in results if r.status_code != 200]

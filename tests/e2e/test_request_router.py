@@ -14,7 +14,15 @@ import pytest
 from pytest_redis import factories
 
 from deploy.config import RouterConfig
-from tests.stacks import counter, deployed, report_fault, shared_index, sim_model, stack_config
+from tests.stacks import (
+    counter,
+    deployed,
+    kill_replica,
+    report_fault,
+    shared_index,
+    sim_model,
+    stack_config,
+)
 
 pytestmark = pytest.mark.slow
 MODEL = "sim-rr"
@@ -56,8 +64,6 @@ async def _live(redis_url: str) -> set[str]:
 
 
 def test_dead_replica_falls_back_and_is_replaced(stack: dict[str, Any]) -> None:
-    import ray
-
     url = stack["url"]
     convo = "the conversation whose cache lives on one replica " * 30
     first = _chat(url, convo)
@@ -65,9 +71,8 @@ def test_dead_replica_falls_back_and_is_replaced(stack: dict[str, Any]) -> None:
     victim = first.headers["x-kvroute-replica"]
     assert _chat(url, convo).headers["x-kvroute-replica"] == victim  # sticky while alive
 
-    actor = ray.get_actor(f"SERVE_REPLICA::kvroute#{MODEL}#{victim}", namespace="serve")
     retries = counter(url, "kvroute_retries_total")
-    ray.kill(actor, no_restart=True)
+    kill_replica(MODEL, victim)  # dead before the next request, not merely asked to die
     after, worst = [], 0.0
     for i in range(10):
         t0 = time.monotonic()
