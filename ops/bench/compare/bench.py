@@ -162,7 +162,9 @@ def sglang_router(endpoints: list[str], policy: str, model_path: str,
            "--policy", policy, "--host", "127.0.0.1", "--port", str(port),
            "--model-path", model_path, "--prometheus-port", str(free_port()),
            "--prometheus-host", "127.0.0.1", "--log-level", "warn", *extra]
-    return Subprocess(f"sglang-{policy}", cmd, f"http://127.0.0.1:{port}/v1/models")
+    base = f"http://127.0.0.1:{port}"
+    return Subprocess(f"sglang-{policy}", cmd, f"{base}/v1/models",
+                      ready_when=(f"{base}/workers", peers.healthy_workers(len(endpoints))))
 
 
 def plain_echo() -> Subprocess:

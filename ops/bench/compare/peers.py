@@ -20,8 +20,9 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from ops.bench.harness.procs import Subprocess, free_port
+from ops.bench.harness.procs import Ready, Subprocess, free_port
 
 VERSIONS = {"smg": "1.13.0", "vllm-router": "0.1.17", "dynamo": "1.6.1"}
 FlagValue = str | int | float
@@ -111,9 +112,24 @@ class RouterLaunch:
     cmd: list[str]
     flags: Flags
     port: int
+    workers: int | None = None  # smg: not ready before ``GET /workers`` has this many
 
     def process(self) -> Subprocess:
-        return Subprocess(self.name, self.cmd, f"http://127.0.0.1:{self.port}/v1/models")
+        base = f"http://127.0.0.1:{self.port}"
+        when = None if self.workers is None else (f"{base}/workers",
+                                                  healthy_workers(self.workers))
+        return Subprocess(self.name, self.cmd, f"{base}/v1/models", ready_when=when)
+
+
+def healthy_workers(n: int) -> Ready:
+    """A test of ``GET /workers`` (sglang-router, smg): these answer ``/v1/models`` once
+    the first worker is registered, each worker being a job of their own; a run that
+    starts then sends its first requests to that worker alone. (vllm-router serves only
+    once every worker is healthy.)"""
+    def test(body: Any) -> bool:
+        workers = body.get("workers", []) if isinstance(body, dict) else []
+        return sum(1 for w in workers if isinstance(w, dict) and w.get("is_healthy")) >= n
+    return test
 
 
 def _argv(flags: Flags) -> list[str]:
@@ -131,7 +147,7 @@ def smg(name: str, endpoints: list[str], model_path: str, policy: str) -> Router
            "--port", str(port), "--prometheus-host", "127.0.0.1",
            "--prometheus-port", str(free_port()), "--worker-urls", *endpoints,
            "--model-path", model_path, "--log-level", "warn", *_argv(flags)]
-    return RouterLaunch(name, cmd, flags, port)
+    return RouterLaunch(name, cmd, flags, port, len(endpoints))
 
 
 def vllm_router(name: str, endpoints: list[str], events: list[str | None], model_path: str,

@@ -16,9 +16,12 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import psutil
+
+Ready = Callable[[Any], bool]  # a test of a readiness URL's JSON body
 
 
 def free_port() -> int:
@@ -54,9 +57,12 @@ class Subprocess:
     """A server we start, in its own process group, stopped by its own pid."""
 
     def __init__(self, name: str, cmd: list[str], ready_url: str,
-                 env: dict[str, str] | None = None, ready_timeout_s: float = 60.0) -> None:
+                 env: dict[str, str] | None = None, ready_timeout_s: float = 60.0,
+                 ready_when: tuple[str, Ready] | None = None) -> None:
+        """``ready_when``: (URL, test of its JSON body), checked once ``ready_url`` answers
+        200: a router that serves before it has every worker is not ready yet."""
         self.name, self.cmd, self.ready_url = name, cmd, ready_url
-        self.env, self.ready_timeout_s = env, ready_timeout_s
+        self.env, self.ready_timeout_s, self.ready_when = env, ready_timeout_s, ready_when
         self.log = Path(tempfile.mkstemp(prefix=f"kvroute-{name}-", suffix=".log")[1])
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -86,19 +92,26 @@ class Subprocess:
 
     async def _wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
+        checks = [(self.ready_url, None), *([self.ready_when] if self.ready_when else [])]
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as s:
-            while time.monotonic() < deadline:
-                assert self.proc is not None
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"{self.name} exited: {self.tail()}")
-                try:
-                    async with s.get(self.ready_url) as r:
-                        if r.status == 200:
-                            return
-                except (aiohttp.ClientError, TimeoutError):
-                    pass
-                await asyncio.sleep(0.25)
-        raise TimeoutError(f"{self.name} not ready: {self.tail()}")
+            for url, test in checks:
+                while not await self._answers(s, url, test):
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"{self.name} not ready ({url}): {self.tail()}")
+                    await asyncio.sleep(0.25)
+
+    async def _answers(self, s: aiohttp.ClientSession, url: str, test: Ready | None) -> bool:
+        """Whether ``url`` answers 200 (and its JSON passes ``test``); raises if we exited."""
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"{self.name} exited: {self.tail()}")
+        try:
+            async with s.get(url) as r:
+                if r.status != 200:
+                    return False
+                return test is None or bool(test(await r.json(content_type=None)))
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return False
 
     def tail(self, n: int = 2000) -> str:
         return self.log.read_text(errors="replace")[-n:]
