@@ -50,11 +50,14 @@ def _stack_name(item: pytest.Item | None) -> str | None:
     return None if mark is None else str(mark.args[0])
 
 
+@pytest.hookimpl(trylast=True)  # after -m's deselection: only the selected tests count
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Modules that never start the session Ray run first (``kvroute up`` starts a Ray of
     its own, better alone). Then the stack modules, those marked ``stack(name)`` moved up
     behind the first module of that name, so the pool (``tests.stacks.deployed``) starts
-    their shared app once. Otherwise the collected order stays."""
+    their shared app once; a module's name is its first selected test's (a parameter may
+    carry its own, as the vLLM cases of test_engines and test_engine_surface do). Otherwise
+    the collected order stays."""
     modules: dict[str, list[pytest.Item]] = {}
     for item in items:
         modules.setdefault(item.nodeid.split("::")[0], []).append(item)

